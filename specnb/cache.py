@@ -1,0 +1,93 @@
+"""The KV cache: create one, run a forward through it, and roll it back.
+
+Speculative decoding writes k+1 tokens into the target's cache each round and
+keeps only n+1 of them; the rest must be removed before the next round, or the
+model attends to tokens that were never generated (chapter 3). Everything that
+touches a cache's length goes through :func:`rollback`.
+
+transformers changed two things between 4.x and 5.x, and this module hides both:
+
+* ``DynamicCache.crop(n)``: in 4.x a positive n meant "keep n tokens" and a
+  negative n meant "remove -n tokens"; in 5.x a positive n raises. Removing by
+  a negative count works in both, so :func:`rollback` only ever passes that.
+* the model keyword: 4.x takes ``past_key_values=``, 5.x takes ``cache=`` (the
+  old name still works with a deprecation warning). :func:`cache_keyword`
+  picks the one the model's ``forward`` declares.
+
+Not covered: static caches, and sliding-window layers past their window
+(5.x's ``DynamicSlidingWindowLayer`` refuses to roll back there unless it was
+told to record past states); :func:`rollback` checks the length it gets and
+raises if a layer did not shrink as asked.
+"""
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+
+import torch
+
+
+def new_cache(model: torch.nn.Module):
+    """An empty dynamic cache suited to ``model`` (layer types from its config in 5.x)."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # 4.x: DynamicCache() takes no config
+        return DynamicCache()
+
+
+@lru_cache(maxsize=None)
+def _forward_params(cls: type) -> frozenset[str]:
+    return frozenset(inspect.signature(cls.forward).parameters)
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """``"cache"`` for transformers 5.x models, ``"past_key_values"`` for 4.x."""
+    params = _forward_params(type(model))
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_length(cache) -> int:
+    """Number of token positions held in the cache."""
+    return int(cache.get_seq_length())
+
+
+def rollback(cache, n_remove: int) -> None:
+    """Remove the last ``n_remove`` positions from every layer of ``cache``.
+
+    Uses ``crop(-n_remove)``, which removes tokens in transformers 4.x and 5.x
+    alike, and checks the result: a cache that did not shrink by exactly
+    ``n_remove`` raises instead of silently holding stale keys and values.
+    """
+    if n_remove < 0:
+        raise ValueError(f"n_remove must be >= 0, got {n_remove}")
+    if n_remove == 0:
+        return
+    before = cache_length(cache)
+    if n_remove > before:
+        raise ValueError(f"cannot remove {n_remove} positions from a cache that holds {before}")
+    cache.crop(-n_remove)
+    after = cache_length(cache)
+    if after != before - n_remove:
+        raise RuntimeError(f"cache rollback failed: asked to go from {before} to {before - n_remove} "
+                           f"positions, cache reports {after}")
+
+
+@torch.inference_mode()
+def forward(model: torch.nn.Module, token_ids: list[int], cache, logits_to_keep: int = 0) -> torch.Tensor:
+    """Feed ``token_ids`` (appended after what ``cache`` holds) and return logits.
+
+    Returns ``logits: (n, vocab)`` where n = len(token_ids), or n = logits_to_keep
+    when that is positive (only the last positions go through the LM head).
+    The cache grows by len(token_ids) positions; positions are inferred from its length.
+    """
+    x = torch.tensor([token_ids], dtype=torch.long)  # (1, n)
+    kwargs = {cache_keyword(model): cache, "use_cache": True}
+    if logits_to_keep and "logits_to_keep" in _forward_params(type(model)):
+        kwargs["logits_to_keep"] = logits_to_keep
+    out = model(input_ids=x, **kwargs)
+    logits = out.logits[0]  # (n, vocab)
+    if logits_to_keep:
+        logits = logits[-logits_to_keep:]
+    return logits

@@ -1,0 +1,221 @@
+"""Plain greedy decoding (the baseline) and speculative greedy decoding.
+
+Both work on one sequence (batch 1) of token ids and return a
+:class:`DecodeResult`: the generated tokens, forward counts, wall time and,
+for speculative decoding, one :class:`RoundStats` per round.
+
+Names follow the paper (Leviathan et al. 2023): ``k`` drafted tokens per round,
+``n`` of them accepted (``n`` in their algorithm 1), acceptance rate ``a``.
+The numbered steps in :func:`speculative_greedy` are the ones the book uses.
+
+Not covered here: sampling (chapter 6, ``sampling.py``), batches of sequences.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .cache import cache_length, forward, new_cache, rollback
+from .drafts import Draft, ModelDraft
+from .models import check_vocab_sizes, context_length
+
+# The broken rollbacks of chapter 3, kept as negative controls.
+ROLLBACKS = ("exact", "skip-target", "one-too-few")
+
+
+@dataclass
+class RoundStats:
+    """One speculative round."""
+
+    drafted: int  # tokens the draft proposed (after cutting at EOS and at the budget)
+    accepted: int  # n: the longest prefix of them the target agreed with
+    emitted: int  # tokens added to the output this round (accepted + 1, fewer at EOS/budget)
+    bonus: bool  # all drafted tokens accepted, so the target's extra token came free
+    draft_forwards: int  # draft model forwards this round (0 for prompt lookup)
+    t_draft: float  # seconds spent proposing
+    t_target: float  # seconds in the target's verify forward
+
+
+@dataclass
+class DecodeResult:
+    """What a decoding loop returns."""
+
+    tokens: list[int]  # generated tokens only (prompt excluded)
+    prompt_len: int
+    wall_time: float  # seconds, prefill included
+    target_forwards: int  # prefill counted as one
+    draft_forwards: int = 0
+    stop: str = "max_new_tokens"  # or "eos"
+    margins: list[float] = field(default_factory=list)  # target top1 - top2 logit at each emitted token
+    rounds: list[RoundStats] = field(default_factory=list)
+    t_prefill: float = 0.0
+
+    @property
+    def drafted(self) -> int:
+        return sum(r.drafted for r in self.rounds)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r.accepted for r in self.rounds)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """a: accepted / drafted over the whole generation (nan if nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def tokens_per_round(self) -> float:
+        return len(self.tokens) / len(self.rounds) if self.rounds else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.wall_time if self.wall_time > 0 else float("nan")
+
+    @property
+    def t_draft(self) -> float:
+        return sum(r.t_draft for r in self.rounds)
+
+    @property
+    def t_target(self) -> float:
+        return sum(r.t_target for r in self.rounds) + self.t_prefill
+
+
+def _margin(logits: torch.Tensor) -> torch.Tensor:
+    """``logits: (n, vocab)`` -> ``(n,)`` top-1 minus top-2 logit: how close the argmax was to a tie."""
+    top2 = logits.float().topk(2, dim=-1).values
+    return top2[:, 0] - top2[:, 1]
+
+
+def validate(model: torch.nn.Module, prompt_ids: list[int], max_new_tokens: int, k: int | None = None) -> list[int]:
+    """Check the inputs of a decoding call; return the prompt as a list of ints."""
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() == 2:
+            if prompt_ids.shape[0] != 1:
+                raise ValueError(f"one sequence at a time: got a batch of {prompt_ids.shape[0]}")
+            prompt_ids = prompt_ids[0]
+        prompt_ids = prompt_ids.tolist()
+    prompt_ids = [int(t) for t in prompt_ids]
+    if not prompt_ids:
+        raise ValueError("empty prompt: give at least one token (e.g. the tokenizer's BOS token, or some text)")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise ValueError(f"k must be an integer >= 1 (the number of tokens drafted per round), got {k!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    ctx = context_length(model)
+    if len(prompt_ids) + max_new_tokens > ctx:
+        raise ValueError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) = "
+            f"{len(prompt_ids) + max_new_tokens} exceeds the model's context of {ctx} tokens: "
+            "shorten the prompt or lower max_new_tokens")
+    return prompt_ids
+
+
+@torch.inference_mode()
+def greedy(model: torch.nn.Module, prompt_ids, max_new_tokens: int, eos_token_id: int | None = None,
+           record_margins: bool = False) -> DecodeResult:
+    """Plain greedy decoding with a KV cache: one target forward per token.
+
+    The prefill feeds the whole prompt (only its last position goes through the
+    LM head); each later forward feeds one token. Stops after EOS (kept in the
+    output) or ``max_new_tokens``.
+    """
+    ids = validate(model, prompt_ids, max_new_tokens)
+    cache = new_cache(model)
+    start = time.perf_counter()
+    tokens: list[int] = []
+    margins: list[float] = []
+    todo = ids
+    stop = "max_new_tokens"
+    forwards = 0
+    t_prefill = 0.0
+    while len(tokens) < max_new_tokens:
+        logits = forward(model, todo, cache, logits_to_keep=1)  # (1, vocab)
+        forwards += 1
+        if forwards == 1:
+            t_prefill = time.perf_counter() - start
+        token = int(logits[-1].argmax())
+        if record_margins:
+            margins.append(float(_margin(logits)[-1]))
+        tokens.append(token)
+        if token == eos_token_id:
+            stop = "eos"
+            break
+        todo = [token]
+    return DecodeResult(tokens, len(ids), time.perf_counter() - start, forwards, stop=stop,
+                        margins=margins, t_prefill=t_prefill)
+
+
+@torch.inference_mode()
+def speculative_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, k: int, max_new_tokens: int,
+                       eos_token_id: int | None = None, rollback_mode: str = "exact") -> DecodeResult:
+    """Speculative greedy decoding: output identical to :func:`greedy` on ``target``.
+
+    Each round: (1) the draft proposes up to k tokens d_1..d_k; (2) the target
+    scores the last token and all k drafts in one forward, ``logits: (k+1, vocab)``,
+    whose argmaxes g_0..g_k are its own greedy choices after each prefix;
+    (3) accept the longest prefix with d_i == g_{i-1} (n tokens) and append
+    g_n: the correction if n < k, the bonus token if n == k; (4) roll the
+    target cache back by the k - n rejected positions; (5) tell the draft.
+
+    ``rollback_mode`` other than ``"exact"`` is a deliberately broken variant
+    (chapter 3) kept for negative controls: ``"skip-target"`` never crops the
+    target cache, ``"one-too-few"`` crops one position fewer than it should.
+    """
+    if rollback_mode not in ROLLBACKS:
+        raise ValueError(f"rollback_mode must be one of {ROLLBACKS}, got {rollback_mode!r}")
+    ids = validate(target, prompt_ids, max_new_tokens, k)
+    if isinstance(draft, ModelDraft):
+        check_vocab_sizes(target, draft.model)
+    draft.reset(eos_token_id)
+    cache = new_cache(target)
+    start = time.perf_counter()
+    result = DecodeResult([], len(ids), 0.0, 0)
+    # 0. Prefill all but the last prompt token: invariant from here on, the
+    #    target cache holds every token of `ids` except the last one.
+    if len(ids) > 1:
+        forward(target, ids[:-1], cache, logits_to_keep=1)
+        result.target_forwards += 1
+        result.t_prefill = time.perf_counter() - start
+    while len(result.tokens) < max_new_tokens:
+        budget = max_new_tokens - len(result.tokens)
+        # 1. Fetch candidates: never more than the budget leaves room for (the round adds one more).
+        t0 = time.perf_counter()
+        forwards_before = draft.forwards
+        drafts = draft.propose(ids, min(k, budget - 1))[: max(budget - 1, 0)]
+        if eos_token_id is not None and eos_token_id in drafts:
+            drafts = drafts[: drafts.index(eos_token_id) + 1]
+        t1 = time.perf_counter()
+        # 2. One target forward on the last token and the drafts: logits (m+1, vocab).
+        logits = forward(target, [ids[-1]] + drafts, cache)
+        g = logits.argmax(dim=-1).tolist()  # g[i]: the target's greedy token after ids + drafts[:i]
+        t2 = time.perf_counter()
+        # 3. Accept the longest agreeing prefix, then the target's own token.
+        m = len(drafts)
+        n = 0
+        while n < m and drafts[n] == g[n]:
+            n += 1
+        new = drafts[:n] + [g[n]]
+        # 4. Discard the keys/values of the m - n rejected drafts.
+        if rollback_mode == "exact":
+            rollback(cache, m - n)
+        elif rollback_mode == "one-too-few":
+            rollback(cache, max(m - n - 1, 0))
+        margins = _margin(logits[: n + 1]).tolist()
+        if eos_token_id is not None and eos_token_id in new:
+            new = new[: new.index(eos_token_id) + 1]
+            result.stop = "eos"
+        ids = ids + new
+        result.tokens += new
+        result.margins += margins[: len(new)]
+        result.target_forwards += 1
+        result.rounds.append(RoundStats(m, n, len(new), bool(m) and n == m, draft.forwards - forwards_before,
+                                        t1 - t0, t2 - t1))
+        if result.stop == "eos":
+            break
+        # 5. Let the draft roll back its own state.
+        draft.update(ids, n)
+    result.draft_forwards = draft.forwards
+    result.wall_time = time.perf_counter() - start
+    return result

@@ -1,0 +1,139 @@
+"""Draft strategies behind one small interface: propose k tokens, then hear what was kept.
+
+A draft sees the whole sequence (prompt + generated, as token ids) and returns
+up to k proposed next tokens. After the target verifies them, the decoding loop
+calls :meth:`Draft.update` with the new sequence and how many were accepted, so a
+draft with state (a KV cache) can roll it back. The interface is the one of
+transformers' ``CandidateGenerator``: get candidates, update.
+
+Drafts here:
+
+* :class:`ModelDraft`: a smaller causal LM with its own KV cache (also the
+  target itself, for tests: a draft that is always right).
+* :class:`PromptLookupDraft`: copy the continuation of the last n-gram's earlier
+  occurrence in the context (no model, near-zero cost).
+
+Not covered here: drafts that share the target's cache (early exit with shared
+KV), and tree drafts (several candidates per position).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+import torch
+
+from .cache import cache_length, forward, new_cache, rollback
+
+
+class Draft(ABC):
+    """Interface every draft implements."""
+
+    name: str = "draft"
+
+    def __init__(self) -> None:
+        self.forwards = 0  # draft model forwards since reset()
+        self.eos_token_id: int | None = None
+
+    def reset(self, eos_token_id: int | None = None) -> None:
+        """Start a new sequence (drop any cache)."""
+        self.forwards = 0
+        self.eos_token_id = eos_token_id
+
+    @abstractmethod
+    def propose(self, ids: list[int], k: int) -> list[int]:
+        """Up to ``k`` proposed tokens to follow ``ids``. May return fewer (even none)."""
+
+    def update(self, ids: list[int], n_accepted: int) -> None:
+        """``ids`` is the sequence after the round; ``n_accepted`` drafted tokens were kept."""
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class ModelDraft(Draft):
+    """A draft model with its own KV cache, drafting greedily (argmax).
+
+    ``faulty_rollback=True`` is the bug of chapter 3 on the draft side: after a
+    rejection the draft believes its cache matches the sequence but never crops it,
+    so stale keys and values stay in it. Kept for negative controls only.
+    """
+
+    def __init__(self, model: torch.nn.Module, name: str = "model draft", faulty_rollback: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.name = name
+        self.faulty_rollback = faulty_rollback
+        self.cache = None
+        self.cached: list[int] = []  # the tokens whose keys/values the cache is believed to hold
+
+    def reset(self, eos_token_id: int | None = None) -> None:
+        super().reset(eos_token_id)
+        self.cache = new_cache(self.model)
+        self.cached = []
+
+    def propose(self, ids: list[int], k: int) -> list[int]:
+        if self.cache is None:
+            self.reset(self.eos_token_id)
+        if k <= 0:
+            return []
+        # Feed what the cache lacks (at least the last token), then draft one token per forward.
+        todo = ids[len(self.cached):]
+        assert todo and self.cached == ids[:len(self.cached)], "draft cache out of sync with the sequence"
+        out: list[int] = []
+        for _ in range(k):
+            logits = forward(self.model, todo, self.cache, logits_to_keep=1)  # (1, vocab)
+            self.forwards += 1
+            self.cached += todo
+            token = int(logits[-1].argmax())
+            out.append(token)
+            if token == self.eos_token_id:
+                break
+            todo = [token]
+        return out
+
+    def update(self, ids: list[int], n_accepted: int) -> None:
+        # The cache holds the old sequence plus the drafts fed back in; keep only
+        # what agrees with the new sequence minus its last token (not yet fed).
+        keep = _common_prefix(self.cached, ids[:-1])
+        if not self.faulty_rollback:
+            rollback(self.cache, len(self.cached) - keep)
+        self.cached = self.cached[:keep]
+
+
+class PromptLookupDraft(Draft):
+    """Prompt lookup decoding: find the last n tokens earlier in the context, propose what followed.
+
+    Tries n = ``max_ngram`` down to ``min_ngram`` and takes the most recent earlier
+    match that has a continuation. Costs no model forward: strong when the output
+    copies from the prompt (editing, code), weak on free prose.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, name: str | None = None) -> None:
+        super().__init__()
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.name = name or f"prompt lookup (n<={max_ngram})"
+
+    def propose(self, ids: list[int], k: int) -> list[int]:
+        if k <= 0:
+            return []
+        seq = np.asarray(ids)
+        L = len(seq)
+        for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
+            pattern = seq[L - n:]
+            windows = np.lib.stride_tricks.sliding_window_view(seq[:L - 1], n)  # (L-n, n): starts 0..L-n-1
+            starts = np.flatnonzero((windows == pattern).all(axis=1))
+            if len(starts):
+                start = int(starts[-1]) + n  # most recent match; continuation starts after it
+                out = [int(t) for t in seq[start:start + k]]
+                if self.eos_token_id is not None and self.eos_token_id in out:
+                    out = out[:out.index(self.eos_token_id) + 1]
+                return out
+        return []
