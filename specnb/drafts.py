@@ -137,3 +137,30 @@ class PromptLookupDraft(Draft):
                     out = out[:out.index(self.eos_token_id) + 1]
                 return out
         return []
+
+
+def early_exit_model(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
+    """The first ``n_layers`` decoder layers of ``model``, then its final norm and LM head.
+
+    Raw, untrained early exit (no weights are learned): the brief measured it agreeing
+    with the full model on about 3% of tokens at 4 of 30 layers and about half at 28.
+    It shares no cache with the target: wrap it in :class:`ModelDraft`.
+    Works for Llama-style models (``model.model.layers``).
+    """
+    import copy
+
+    total = model.config.num_hidden_layers
+    if not 1 <= n_layers <= total:
+        raise ValueError(f"n_layers must be in 1..{total}, got {n_layers}")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = n_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:n_layers]
+    small = type(model)(config)
+    state = {key: value for key, value in model.state_dict().items()
+             if not key.startswith("model.layers.") or int(key.split(".")[2]) < n_layers}
+    missing, unexpected = small.load_state_dict(state, strict=False)
+    missing = [m for m in missing if m != "lm_head.weight" or not config.tie_word_embeddings]
+    if missing or unexpected:
+        raise RuntimeError(f"early exit: weights did not map ({missing=}, {unexpected=})")
+    return small.to(next(model.parameters()).dtype).eval()

@@ -1,0 +1,98 @@
+"""Exactness check: does speculative greedy reproduce plain greedy, token for token?
+
+Runs plain greedy once per prompt, then speculative greedy for every draft and k,
+and compares. A mismatch is reported with its position, the two tokens, and the
+target's logit margin (top-1 minus top-2) there in each run: a tiny margin means a
+float near-tie between a 1-token and a (k+1)-token forward (brief, trap 3); a
+large one means a bug.
+
+Not covered: sampling (exactness in distribution is chapter 6).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from .decode import greedy, speculative_greedy
+from .drafts import Draft
+from .prompts import Prompt, encode
+
+
+@dataclass
+class Mismatch:
+    prompt_index: int
+    kind: str
+    draft: str
+    k: int
+    position: int  # index into the generated tokens of the first difference
+    greedy_token: int
+    spec_token: int
+    greedy_margin: float  # plain greedy's top1 - top2 logit at that position
+    spec_margin: float  # the verify forward's top1 - top2 logit at that position
+
+
+@dataclass
+class CheckReport:
+    total: dict = field(default_factory=dict)  # (draft, k) -> runs
+    matched: dict = field(default_factory=dict)  # (draft, k) -> runs identical to greedy
+    acceptance: dict = field(default_factory=dict)  # (draft, k) -> list of per-run acceptance rates
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+    @property
+    def all_match(self) -> bool:
+        return not self.mismatches
+
+    def table(self) -> str:
+        lines = [f"{'draft':<28} {'k':>2}  {'identical':>9}  {'mean a':>6}"]
+        for key in self.total:
+            draft, k = key
+            accs = [a for a in self.acceptance[key] if a == a]
+            mean_a = sum(accs) / len(accs) if accs else float("nan")
+            lines.append(f"{draft:<28} {k:>2}  {self.matched[key]:>4}/{self.total[key]:<4}  {mean_a:6.3f}")
+        for m in self.mismatches:
+            lines.append(f"MISMATCH prompt {m.prompt_index} ({m.kind}) draft={m.draft} k={m.k}: position {m.position}, "
+                         f"greedy {m.greedy_token} vs speculative {m.spec_token}; target logit margin there "
+                         f"{m.greedy_margin:.4f} (1-token forward) / {m.spec_margin:.4f} (verify forward)")
+        return "\n".join(lines)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where a and b differ (or where one ends), None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def check_exactness(model, tokenizer, prompts: list[Prompt], drafts: list[Draft], ks=(1, 2, 4, 8),
+                    max_new_tokens: int = 32, progress: bool = True) -> CheckReport:
+    """Compare speculative greedy with plain greedy on every prompt, draft and k."""
+    report = CheckReport()
+    eos = tokenizer.eos_token_id
+    jobs = len(prompts) * (1 + len(drafts) * len(ks))
+    bar = tqdm(total=jobs, desc="exactness", disable=not progress)
+    for i, prompt in enumerate(prompts):
+        ids = encode(tokenizer, prompt)
+        base = greedy(model, ids, max_new_tokens, eos, record_margins=True)
+        bar.update()
+        for draft in drafts:
+            for k in ks:
+                key = (draft.name, k)
+                spec = speculative_greedy(model, draft, ids, k, max_new_tokens, eos)
+                report.total[key] = report.total.get(key, 0) + 1
+                report.acceptance.setdefault(key, []).append(spec.acceptance_rate)
+                pos = first_difference(base.tokens, spec.tokens)
+                if pos is None:
+                    report.matched[key] = report.matched.get(key, 0) + 1
+                else:
+                    report.matched.setdefault(key, 0)
+                    report.mismatches.append(Mismatch(
+                        i, prompt.kind, draft.name, k, pos,
+                        base.tokens[pos] if pos < len(base.tokens) else -1,
+                        spec.tokens[pos] if pos < len(spec.tokens) else -1,
+                        base.margins[pos] if pos < len(base.margins) else float("nan"),
+                        spec.margins[pos] if pos < len(spec.margins) else float("nan")))
+                bar.update()
+    bar.close()
+    return report

@@ -1,0 +1,111 @@
+"""How long one target forward takes, as a function of how many tokens it feeds (chapter 1).
+
+Three measurements, all on the machine at hand:
+
+* :func:`forward_time_curve`: T(n), the wall time of one forward of n new
+  tokens through a KV cache that already holds a fixed context. A verify
+  forward of k drafts is T(k+1); plain decoding is T(1) per token.
+* :func:`decode_latencies`: per-token wall time of plain cached greedy decoding.
+* :func:`memory_bandwidth_gbps` and :func:`weight_bytes`: the bandwidth floor,
+  weight bytes / bandwidth, below which no per-token forward can go if every
+  weight is read once from memory.
+
+Not covered: batches of sequences, GPU timing (no ``cuda.synchronize`` here:
+a GPU run would need it), and energy or FLOP counts. Timings are wall clock
+(``time.perf_counter``) and noisy; report medians and quartiles, compare ratios.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .cache import forward, new_cache, rollback
+from .env import machine_info
+
+
+def _stats(times: list[float]) -> dict:
+    q1, med, q3 = np.percentile(times, [25, 50, 75])
+    return {"median": float(med), "q1": float(q1), "q3": float(q3)}
+
+
+@torch.inference_mode()
+def forward_time_curve(model: torch.nn.Module, ns=(1, 2, 4, 8, 16), context_len: int = 64,
+                       repeats: int = 10, warmup: int = 2, seed: int = 0, progress: bool = True) -> dict:
+    """T(n) for each n in ``ns``: seconds for one forward of n new tokens after ``context_len`` cached ones.
+
+    The cache is prefilled once with ``context_len`` seeded random token ids
+    (shape ``(1, context_len)``). Each timing feeds n more ids, ``logits: (n, vocab)``
+    (every position through the LM head, as a verify forward needs), then rolls
+    the cache back by n. The n values are interleaved round-robin within each
+    repeat, so slow drifts of a noisy machine hit every n alike.
+
+    Returns ``{"ns": [...], "context_len": int, "times": {n: [s, ...]},
+    "median": {n: s}, "q1": {n: s}, "q3": {n: s}, "machine": machine_info()}``.
+    """
+    ns = [int(n) for n in ns]
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    context = torch.randint(0, vocab, (context_len,), generator=gen).tolist()
+    new = torch.randint(0, vocab, (max(ns),), generator=gen).tolist()
+    cache = new_cache(model)
+    forward(model, context, cache, logits_to_keep=1)
+    times: dict[int, list[float]] = {n: [] for n in ns}
+    for r in tqdm(range(warmup + repeats), desc="T(n) rounds", disable=not progress):
+        for n in ns:
+            t0 = time.perf_counter()
+            forward(model, new[:n], cache, logits_to_keep=0)
+            dt = time.perf_counter() - t0
+            rollback(cache, n)
+            if r >= warmup:
+                times[n].append(dt)
+    stats = {n: _stats(t) for n, t in times.items()}
+    return {"ns": ns, "context_len": context_len, "times": times,
+            **{key: {n: s[key] for n, s in stats.items()} for key in ("median", "q1", "q3")},
+            "machine": machine_info()}
+
+
+@torch.inference_mode()
+def decode_latencies(model: torch.nn.Module, prompt_ids: list[int], n_tokens: int) -> list[float]:
+    """Seconds per token of plain cached greedy decoding, prefill excluded (``n_tokens`` values).
+
+    Same loop as :func:`specnb.decode.greedy`: each token is one 1-token forward,
+    ``logits: (1, vocab)``, then argmax.
+    """
+    cache = new_cache(model)
+    logits = forward(model, list(prompt_ids), cache, logits_to_keep=1)  # prefill, not timed
+    token = int(logits[-1].argmax())
+    out = []
+    for _ in range(n_tokens):
+        t0 = time.perf_counter()
+        logits = forward(model, [token], cache, logits_to_keep=1)
+        token = int(logits[-1].argmax())
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+@torch.inference_mode()
+def memory_bandwidth_gbps(mbytes: int = 512, repeats: int = 5) -> float:
+    """Achievable read bandwidth in GB/s (1e9 bytes/s): best of ``repeats`` sums of a float32 tensor of ``mbytes`` MB."""
+    x = torch.ones(mbytes * 1_000_000 // 4, dtype=torch.float32)  # (mbytes*250_000,)
+    x.sum()  # touch every page once before timing
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters, each tensor counted once (tied embedding and LM head share one)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        ptr = p.data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            total += p.numel() * p.element_size()
+    return total

@@ -1,0 +1,76 @@
+"""The rollback helper against the cache semantics of transformers 4.x and 5.x."""
+import pytest
+import torch
+
+from specnb.cache import cache_keyword, cache_length, forward, new_cache, rollback
+
+
+class FakeLayerCache:
+    """Mimics DynamicCache.crop: 4.x (positive n = keep n, negative = remove -n) or 5.x (positive raises)."""
+
+    def __init__(self, length: int, version: int):
+        self.length, self.version = length, version
+
+    def get_seq_length(self):
+        return self.length
+
+    def crop(self, n):
+        if n > 0:
+            if self.version == 5:
+                raise ValueError("positive crop not supported")
+            self.length = min(self.length, n)
+        else:
+            self.length -= abs(n)
+
+
+class BrokenCache(FakeLayerCache):
+    def crop(self, n):  # silently does nothing
+        pass
+
+
+@pytest.mark.parametrize("version", [4, 5])
+@pytest.mark.parametrize("n_remove", [0, 1, 3, 10])
+def test_rollback_removes_exactly_n_in_both_semantics(version, n_remove):
+    cache = FakeLayerCache(10, version)
+    rollback(cache, n_remove)
+    assert cache.get_seq_length() == 10 - n_remove
+
+
+def test_rollback_refuses_silent_failure():
+    with pytest.raises(RuntimeError, match="rollback failed"):
+        rollback(BrokenCache(10, 5), 2)
+
+
+def test_rollback_rejects_bad_counts():
+    with pytest.raises(ValueError):
+        rollback(FakeLayerCache(3, 5), -1)
+    with pytest.raises(ValueError, match="cannot remove"):
+        rollback(FakeLayerCache(3, 5), 4)
+
+
+def test_real_dynamic_cache_rollback_matches_recomputation(target):
+    """After writing 5 tokens and rolling back 3, the next logits equal those of a cache that never saw them."""
+    ids = [5, 17, 2, 40]
+    cache = new_cache(target)
+    forward(target, ids, cache)
+    forward(target, [1, 2, 3, 4, 5], cache)
+    rollback(cache, 3)
+    assert cache_length(cache) == len(ids) + 2
+    after_rollback = forward(target, [9], cache)
+    clean = new_cache(target)
+    expected = forward(target, ids + [1, 2, 9], clean)[-1:]
+    torch.testing.assert_close(after_rollback, expected, rtol=1e-5, atol=1e-5)
+    # Negative control: without the rollback the logits differ.
+    stale = new_cache(target)
+    forward(target, ids + [1, 2, 3, 4, 5], stale)
+    assert not torch.allclose(forward(target, [9], stale), expected, atol=1e-3)
+
+
+def test_cache_keyword_follows_forward_signature(target):
+    assert cache_keyword(target) == "cache"  # transformers 5.x
+
+    class Old4x(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, use_cache=None):
+            pass
+
+    assert cache_keyword(Old4x()) == "past_key_values"

@@ -1,0 +1,43 @@
+"""On the real offline model (SmolLM2-135M-Instruct, dequantized GGUF): exact equality on a handful of prompts."""
+import pytest
+
+from specnb.decode import greedy, speculative_greedy
+from specnb.drafts import ModelDraft, PromptLookupDraft, early_exit_model
+from specnb.prompts import PROMPTS, encode
+
+pytestmark = pytest.mark.real
+KINDS = ["code", "prose", "dialogue", "list", "grounded"]
+
+
+def one_of_each():
+    return [next(p for p in PROMPTS if p.kind == kind) for kind in KINDS]
+
+
+def test_offline_model_is_what_the_brief_says(real):
+    cfg = real.model.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == ("llama", 30, 576, 49152)
+    assert "GGUF dequantized" in real.label
+
+
+def test_speculative_equals_greedy_on_real_prompts(real):
+    tok = real.tokenizer
+    exit24 = ModelDraft(early_exit_model(real.model, 24), "early exit 24")
+    accepted = 0
+    for prompt in one_of_each():
+        ids = encode(tok, prompt)
+        base = greedy(real.model, ids, 20, tok.eos_token_id)
+        for draft, k in ((PromptLookupDraft(), 4), (exit24, 3)):
+            spec = speculative_greedy(real.model, draft, ids, k, 20, tok.eos_token_id)
+            assert spec.tokens == base.tokens, (prompt.kind, draft.name, k)
+            accepted += spec.accepted
+    assert accepted > 0
+
+
+def test_negative_control_on_real_model(real):
+    tok = real.tokenizer
+    prompt = next(p for p in PROMPTS if p.kind == "grounded")
+    ids = encode(tok, prompt)
+    base = greedy(real.model, ids, 24, tok.eos_token_id)
+    broken = speculative_greedy(real.model, PromptLookupDraft(), ids, 4, 24, tok.eos_token_id,
+                                rollback_mode="skip-target")
+    assert broken.tokens != base.tokens
