@@ -5,7 +5,8 @@ Three measurements, all on the machine at hand:
 * :func:`forward_time_curve`: T(n), the wall time of one forward of n new
   tokens through a KV cache that already holds a fixed context. A verify
   forward of k drafts is T(k+1); plain decoding is T(1) per token.
-* :func:`decode_latencies`: per-token wall time of plain cached greedy decoding.
+* :func:`decode_latencies`: per-token wall time of plain cached greedy decoding,
+  and :func:`decode_vs_t1`, the same paired step by step with T(1) forwards.
 * :func:`memory_bandwidth_gbps` and :func:`weight_bytes`: the bandwidth floor,
   weight bytes / bandwidth, below which no per-token forward can go if every
   weight is read once from memory.
@@ -28,7 +29,7 @@ from .env import machine_info
 
 def _stats(times: list[float]) -> dict:
     q1, med, q3 = np.percentile(times, [25, 50, 75])
-    return {"median": float(med), "q1": float(q1), "q3": float(q3)}
+    return {"median": float(med), "q1": float(q1), "q3": float(q3), "min": float(min(times))}
 
 
 @torch.inference_mode()
@@ -43,7 +44,7 @@ def forward_time_curve(model: torch.nn.Module, ns=(1, 2, 4, 8, 16), context_len:
     repeat, so slow drifts of a noisy machine hit every n alike.
 
     Returns ``{"ns": [...], "context_len": int, "times": {n: [s, ...]},
-    "median": {n: s}, "q1": {n: s}, "q3": {n: s}, "machine": machine_info()}``.
+    "median": {n: s}, "q1": {n: s}, "q3": {n: s}, "min": {n: s}, "machine": machine_info()}``.
     """
     ns = [int(n) for n in ns]
     gen = torch.Generator().manual_seed(seed)
@@ -63,26 +64,49 @@ def forward_time_curve(model: torch.nn.Module, ns=(1, 2, 4, 8, 16), context_len:
                 times[n].append(dt)
     stats = {n: _stats(t) for n, t in times.items()}
     return {"ns": ns, "context_len": context_len, "times": times,
-            **{key: {n: s[key] for n, s in stats.items()} for key in ("median", "q1", "q3")},
+            **{key: {n: s[key] for n, s in stats.items()} for key in ("median", "q1", "q3", "min")},
             "machine": machine_info()}
 
 
-@torch.inference_mode()
+def _decode_steps(model: torch.nn.Module, prompt_ids: list[int]):
+    """Cached greedy decoding after an untimed prefill; yields the seconds of each 1-token step."""
+    cache = new_cache(model)  # cache.forward runs under inference_mode itself
+    token = int(forward(model, list(prompt_ids), cache, logits_to_keep=1)[-1].argmax())
+    while True:
+        t0 = time.perf_counter()
+        logits = forward(model, [token], cache, logits_to_keep=1)  # (1, vocab)
+        token = int(logits[-1].argmax())
+        yield time.perf_counter() - t0
+
+
 def decode_latencies(model: torch.nn.Module, prompt_ids: list[int], n_tokens: int) -> list[float]:
     """Seconds per token of plain cached greedy decoding, prefill excluded (``n_tokens`` values).
 
     Same loop as :func:`specnb.decode.greedy`: each token is one 1-token forward,
     ``logits: (1, vocab)``, then argmax.
     """
+    steps = _decode_steps(model, prompt_ids)
+    return [next(steps) for _ in range(n_tokens)]
+
+
+@torch.inference_mode()
+def decode_vs_t1(model: torch.nn.Module, prompt_ids: list[int], n_tokens: int, context_len: int = 64,
+                 seed: int = 0) -> dict:
+    """Paired samples: each decode step (as in :func:`decode_latencies`) is followed by one
+    timed T(1) forward through a fixed ``context_len`` cache, so load from other processes
+    hits both alike. Returns ``{"decode": [s] * n_tokens, "t1": [s] * n_tokens}``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (context_len + 1,), generator=gen).tolist()
     cache = new_cache(model)
-    logits = forward(model, list(prompt_ids), cache, logits_to_keep=1)  # prefill, not timed
-    token = int(logits[-1].argmax())
-    out = []
+    forward(model, ids[:-1], cache, logits_to_keep=1)
+    steps, out = _decode_steps(model, prompt_ids), {"decode": [], "t1": []}
     for _ in range(n_tokens):
+        out["decode"].append(next(steps))
         t0 = time.perf_counter()
-        logits = forward(model, [token], cache, logits_to_keep=1)
-        token = int(logits[-1].argmax())
-        out.append(time.perf_counter() - t0)
+        forward(model, ids[-1:], cache, logits_to_keep=0)
+        out["t1"].append(time.perf_counter() - t0)
+        rollback(cache, 1)
     return out
 
 
