@@ -8,7 +8,8 @@ Names follow the paper (Leviathan et al. 2023): ``k`` drafted tokens per round,
 ``n`` of them accepted (``n`` in their algorithm 1), acceptance rate ``a``.
 The numbered steps in :func:`speculative_greedy` are the ones the book uses.
 
-Not covered here: sampling (chapter 6, ``sampling.py``), batches of sequences.
+Sampling mode (chapter 6): :func:`sample` and :func:`speculative_sample`, with the
+rejection rule from ``sampling.py``. Not covered here: batches of sequences.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import torch
 from .cache import cache_length, forward, new_cache, rollback
 from .drafts import Draft, ModelDraft
 from .models import check_vocab_sizes, context_length
+from .sampling import (DraftQ, Residual, SamplingParams, draft_distributions, overlap, residual, sample_token,
+                       speculative_round, warp)
 
 # The broken rollbacks of chapter 3, kept as negative controls.
 ROLLBACKS = ("exact", "skip-target", "one-too-few")
@@ -209,6 +212,131 @@ def speculative_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, k: int
         ids = ids + new
         result.tokens += new
         result.margins += margins[: len(new)]
+        result.target_forwards += 1
+        result.rounds.append(RoundStats(m, n, len(new), bool(m) and n == m, draft.forwards - forwards_before,
+                                        t1 - t0, t2 - t1))
+        if result.stop == "eos":
+            break
+        # 5. Let the draft roll back its own state.
+        draft.update(ids, n)
+    result.draft_forwards = draft.forwards
+    result.wall_time = time.perf_counter() - start
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling mode (chapter 6): the same loops, with the rejection rule of specnb.sampling.
+
+
+@dataclass
+class SamplingResult(DecodeResult):
+    """A :class:`DecodeResult` from a sampling loop, with what chapter 6 measures."""
+
+    seed: int = 0
+    overlaps: list[float] = field(default_factory=list)  # sum_x min(p_i, q_i) at every verified draft position
+
+    @property
+    def verified(self) -> int:
+        """Draft positions the rule looked at: each accepted one plus the first rejected one per round."""
+        return len(self.overlaps)
+
+    @property
+    def position_acceptance(self) -> float:
+        """Accepted / verified: the measured counterpart of the mean overlap (nan if nothing was verified)."""
+        return self.accepted / self.verified if self.verified else float("nan")
+
+    @property
+    def mean_overlap(self) -> float:
+        return sum(self.overlaps) / len(self.overlaps) if self.overlaps else float("nan")
+
+
+@torch.inference_mode()
+def sample(model: torch.nn.Module, prompt_ids, max_new_tokens: int, params: SamplingParams = SamplingParams(),
+           seed: int = 0, eos_token_id: int | None = None) -> SamplingResult:
+    """Plain sampling with a KV cache, one forward per token: each token drawn from ``warp(logits, params)``.
+
+    The baseline of chapter 6. Temperature 0 gives :func:`greedy`'s tokens.
+    """
+    ids = validate(model, prompt_ids, max_new_tokens)
+    generator = torch.Generator().manual_seed(seed)
+    cache = new_cache(model)
+    start = time.perf_counter()
+    result = SamplingResult([], len(ids), 0.0, 0, seed=seed)
+    todo = ids
+    while len(result.tokens) < max_new_tokens:
+        logits = forward(model, todo, cache, logits_to_keep=1)  # (1, vocab)
+        result.target_forwards += 1
+        if result.target_forwards == 1:
+            result.t_prefill = time.perf_counter() - start
+        token = sample_token(warp(logits[-1], params), generator)
+        result.tokens.append(token)
+        if token == eos_token_id:
+            result.stop = "eos"
+            break
+        todo = [token]
+    result.wall_time = time.perf_counter() - start
+    return result
+
+
+@torch.inference_mode()
+def speculative_sample(target: torch.nn.Module, draft: Draft, prompt_ids, k: int, max_new_tokens: int,
+                       params: SamplingParams = SamplingParams(), seed: int = 0, eos_token_id: int | None = None,
+                       residual_fn: Residual = residual, draft_q: DraftQ = draft_distributions) -> SamplingResult:
+    """Speculative sampling: each emitted token has the distribution :func:`sample` would give it.
+
+    The steps of :func:`speculative_greedy`, with the rule of :mod:`specnb.sampling`:
+    (1) the draft samples up to k tokens from its warped q and reports ``q: (m, vocab)``;
+    (2) one target forward gives ``logits: (m+1, vocab)``, warped with the same
+    ``params`` into ``p: (m+1, vocab)``; (3) accept each draft with probability
+    min(1, p/q), at the first rejection emit a token from norm(max(0, p - q)),
+    else the bonus token from p[m]; (4) roll the target cache back by the m - n
+    rejected positions; (5) tell the draft. One seeded generator drives the
+    draft's draws and the rule's, so a seed reproduces a run.
+
+    ``residual_fn`` and ``draft_q`` other than the defaults are the negative
+    controls of :mod:`specnb.sampling` (``VARIANTS``): they break exactness on purpose.
+    """
+    ids = validate(target, prompt_ids, max_new_tokens, k)
+    if isinstance(draft, ModelDraft):
+        check_vocab_sizes(target, draft.model)
+    vocab = target.config.vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    draft.reset(eos_token_id)
+    cache = new_cache(target)
+    start = time.perf_counter()
+    result = SamplingResult([], len(ids), 0.0, 0, seed=seed)
+    # 0. Prefill all but the last prompt token (the cache holds ids[:-1] from here on).
+    if len(ids) > 1:
+        forward(target, ids[:-1], cache, logits_to_keep=1)
+        result.target_forwards += 1
+        result.t_prefill = time.perf_counter() - start
+    while len(result.tokens) < max_new_tokens:
+        budget = max_new_tokens - len(result.tokens)
+        # 1. Draft up to min(k, budget - 1) tokens, each with the q it was drawn from.
+        t0 = time.perf_counter()
+        forwards_before = draft.forwards
+        drafts, q = draft.propose_sampled(ids, min(k, budget - 1), params, generator, vocab, draft_q)
+        drafts, q = drafts[: max(budget - 1, 0)], q[: max(budget - 1, 0)]
+        if eos_token_id is not None and eos_token_id in drafts:
+            cut = drafts.index(eos_token_id) + 1
+            drafts, q = drafts[:cut], q[:cut]
+        t1 = time.perf_counter()
+        # 2. One target forward on the last token and the drafts: p (m+1, vocab).
+        logits = forward(target, [ids[-1]] + drafts, cache)
+        p = warp(logits, params)
+        t2 = time.perf_counter()
+        # 3. The rejection rule: n accepted drafts, then one token (residual draw or bonus).
+        m = len(drafts)
+        n, token = speculative_round(p, q, drafts, generator, residual_fn)
+        new = drafts[:n] + [token]
+        result.overlaps += overlap(p[: min(n + 1, m)], q[: min(n + 1, m)]).tolist()
+        # 4. Discard the keys/values of the m - n rejected drafts.
+        rollback(cache, m - n)
+        if eos_token_id is not None and eos_token_id in new:
+            new = new[: new.index(eos_token_id) + 1]
+            result.stop = "eos"
+        ids = ids + new
+        result.tokens += new
         result.target_forwards += 1
         result.rounds.append(RoundStats(m, n, len(new), bool(m) and n == m, draft.forwards - forwards_before,
                                         t1 - t0, t2 - t1))

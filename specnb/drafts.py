@@ -13,6 +13,10 @@ Drafts here:
 * :class:`PromptLookupDraft`: copy the continuation of the last n-gram's earlier
   occurrence in the context (no model, near-zero cost).
 
+Sampling mode (chapter 6) adds :meth:`Draft.propose_sampled`, which also returns
+the q each token was drawn from: a softmax for :class:`ModelDraft`, a one-hot
+for deterministic drafts such as prompt lookup.
+
 Not covered here: drafts that share the target's cache (early exit with shared
 KV), and tree drafts (several candidates per position).
 """
@@ -24,6 +28,7 @@ import numpy as np
 import torch
 
 from .cache import cache_length, forward, new_cache, rollback
+from .sampling import DTYPE, DraftQ, SamplingParams, draft_distributions, sample_token
 
 
 class Draft(ABC):
@@ -46,6 +51,18 @@ class Draft(ABC):
 
     def update(self, ids: list[int], n_accepted: int) -> None:
         """``ids`` is the sequence after the round; ``n_accepted`` drafted tokens were kept."""
+
+    def propose_sampled(self, ids: list[int], k: int, params: SamplingParams, generator: torch.Generator,
+                        vocab_size: int, draft_q: DraftQ = draft_distributions) -> tuple[list[int], torch.Tensor]:
+        """Sampling mode (chapter 6): up to ``k`` tokens and ``q: (m, vocab)``, the distributions they were drawn from.
+
+        This default suits deterministic drafts (prompt lookup): each token is
+        the only one the draft could have proposed, so its q is one-hot, which is
+        exactly the q it samples from. ``params`` and ``draft_q`` do not apply.
+        """
+        tokens = self.propose(ids, k)
+        q = torch.nn.functional.one_hot(torch.tensor(tokens, dtype=torch.long), vocab_size).to(DTYPE)
+        return tokens, q.reshape(len(tokens), vocab_size)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -96,6 +113,38 @@ class ModelDraft(Draft):
                 break
             todo = [token]
         return out
+
+    def propose_sampled(self, ids: list[int], k: int, params: SamplingParams, generator: torch.Generator,
+                        vocab_size: int | None = None,
+                        draft_q: DraftQ = draft_distributions) -> tuple[list[int], torch.Tensor]:
+        """Sampling mode (chapter 6): draw each token from ``q = warp(logits, params)`` and return
+        ``(tokens, q: (m, vocab))``. Same cache handling as :meth:`propose`.
+
+        ``draft_q`` maps the draft's logits to (the q it samples from, the q it
+        reports); anything but the default is a negative control from
+        :mod:`specnb.sampling` that breaks exactness on purpose.
+        """
+        if self.cache is None:
+            self.reset(self.eos_token_id)
+        vocab_size = vocab_size or self.model.config.vocab_size
+        if k <= 0:
+            return [], torch.zeros(0, vocab_size, dtype=DTYPE)
+        todo = ids[len(self.cached):]
+        assert todo and self.cached == ids[:len(self.cached)], "draft cache out of sync with the sequence"
+        out: list[int] = []
+        qs: list[torch.Tensor] = []
+        for _ in range(k):
+            logits = forward(self.model, todo, self.cache, logits_to_keep=1)  # (1, vocab)
+            self.forwards += 1
+            self.cached += todo
+            q_draw, q_report = draft_q(logits[-1], params)  # (vocab,) each
+            token = sample_token(q_draw, generator)
+            out.append(token)
+            qs.append(q_report)
+            if token == self.eos_token_id:
+                break
+            todo = [token]
+        return out, torch.stack(qs)
 
     def update(self, ids: list[int], n_accepted: int) -> None:
         # The cache holds the old sequence plus the drafts fed back in; keep only

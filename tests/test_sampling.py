@@ -1,0 +1,325 @@
+"""Speculative sampling (chapter 6): the rule is exact, and every known wrong version is caught.
+
+Three layers of checks, each with negative controls that the same check must reject:
+exact enumeration in float64 (the maths, using the rule's own functions), statistical
+tests of the sampling code on small vocabularies (the code), and end-to-end generation
+on a tiny model (the decoding loop, cache rollback included).
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specnb import exact, sampling
+from specnb.decode import greedy, sample, speculative_sample
+from specnb.distcheck import chi_square_test, rejection_rate
+from specnb.drafts import ModelDraft, PromptLookupDraft
+from specnb.sampling import VARIANTS, WRONG_VARIANTS, SamplingParams, warp
+from specnb.tiny import tiny_llama
+
+F64 = torch.float64
+ALPHA = 0.01  # false-alarm rate of every statistical test here
+RESIDUAL_VARIANTS = [n for n in VARIANTS if VARIANTS[n].draft_q is sampling.draft_distributions]
+DRAFT_VARIANTS = [n for n in VARIANTS if n not in RESIDUAL_VARIANTS or n == "correct"]
+
+
+def t(*xs):
+    return torch.tensor(xs, dtype=F64)
+
+
+# ---------------------------------------------------------------------------- warp and its errors
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(temperature=-0.1), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=0), "top_k"), (dict(top_k=2.5), "top_k")])
+def test_bad_sampling_params_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_warp_temperature_top_k_top_p():
+    logits = t(2.0, 1.0, 0.0, -1.0)
+    assert torch.equal(warp(logits, SamplingParams(0)), t(1, 0, 0, 0))  # temperature 0: greedy
+    full = warp(logits)
+    torch.testing.assert_close(full, torch.softmax(logits, -1))
+    hot = warp(logits, SamplingParams(0.5))
+    assert hot[0] > full[0] and abs(float(hot.sum()) - 1) < 1e-15
+    top2 = warp(logits, SamplingParams(1.0, top_k=2))
+    assert (top2[2:] == 0).all() and torch.allclose(top2[:2], torch.softmax(logits[:2], -1))
+    # top-p keeps the smallest most-likely set reaching top_p: here the first two tokens (0.64 + 0.24 >= 0.8)
+    nucleus = warp(logits, SamplingParams(1.0, top_p=0.8))
+    assert (nucleus[2:] == 0).all() and (nucleus[:2] > 0).all()
+    assert (warp(logits, SamplingParams(1.0, top_p=0.5))[1:] == 0).all()  # the top token alone has 0.64
+
+
+# ---------------------------------------------------------------------------- exact enumeration
+
+def test_the_briefs_example_exactly():
+    """p=(.5,.3,.2), q=(.2,.3,.5): the rule emits p; the scalar-alpha residual emits (.41,.39,.20)."""
+    p, q = t(.5, .3, .2), t(.2, .3, .5)
+    dist = {n: exact.first_token_distribution(p, q, residual_fn=VARIANTS[n].residual) for n in RESIDUAL_VARIANTS}
+    torch.testing.assert_close(dist["correct"], p, rtol=0, atol=1e-15)
+    torch.testing.assert_close(dist["scalar-alpha residual"], t(.41, .39, .20), rtol=0, atol=1e-15)
+    torch.testing.assert_close(dist["resample from p"], t(.35, .39, .26), rtol=0, atol=1e-15)
+
+
+@st.composite
+def distribution_pairs(draw, min_v=2, max_v=8):
+    """(p, q) over V tokens, with zeros in p, zeros in q where p > 0, p = q, and one-hot q."""
+    V = draw(st.integers(min_v, max_v))
+    weights = st.lists(st.one_of(st.just(0.0), st.floats(1e-6, 1.0)), min_size=V, max_size=V)
+    p = t(*draw(weights.filter(lambda w: sum(w) > 0)))
+    kind = draw(st.sampled_from(["random", "equal", "one-hot", "zero where p > 0"]))
+    if kind == "equal":
+        q = p.clone()
+    elif kind == "one-hot":
+        q = torch.zeros(V, dtype=F64)
+        q[draw(st.integers(0, V - 1))] = 1
+    else:
+        q = t(*draw(weights.filter(lambda w: sum(w) > 0)))
+        if kind == "zero where p > 0":
+            q[int(p.argmax())] = 0
+            if q.sum() == 0:
+                q[(int(p.argmax()) + 1) % V] = 1
+    return p / p.sum(), q / q.sum()
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(distribution_pairs())
+def test_rule_is_exact_for_random_p_and_q(pq):
+    p, q = pq
+    out = exact.first_token_distribution(p, q)
+    assert float((out - p).abs().max()) < 1e-12
+    assert exact.first_token_distribution(p, q, residual_fn=sampling.scalar_alpha_residual).min() >= 0
+
+
+@settings(max_examples=500, deadline=None)
+@given(distribution_pairs(min_v=2, max_v=2))
+def test_scalar_alpha_hides_when_v_is_2(pq):
+    """Why a V = 2 test cannot catch the scalar-alpha residual: there it agrees with the rule."""
+    p, q = pq
+    out = exact.first_token_distribution(p, q, residual_fn=sampling.scalar_alpha_residual)
+    assert float((out - p).abs().max()) < 1e-12
+
+
+@settings(max_examples=500, deadline=None)
+@given(distribution_pairs(min_v=3), st.data())
+def test_scalar_alpha_hides_when_q_is_one_hot(pq, data):
+    """... nor a one-hot q (prompt lookup): the drafted token's residual mass is zero either way."""
+    p, _ = pq
+    q = torch.zeros_like(p)
+    q[data.draw(st.integers(0, len(p) - 1))] = 1
+    out = exact.first_token_distribution(p, q, residual_fn=sampling.scalar_alpha_residual)
+    assert float((out - p).abs().max()) < 1e-12
+
+
+def test_scalar_alpha_is_caught_by_random_cases_with_v_at_least_3():
+    """With V >= 3 and an undrafted token where p <= q, random cases expose it (most of them)."""
+    gen = torch.Generator().manual_seed(0)
+    biased = 0
+    for _ in range(200):
+        p, q = torch.rand(2, 5, generator=gen, dtype=F64)
+        p, q = p / p.sum(), q / q.sum()
+        out = exact.first_token_distribution(p, q, residual_fn=sampling.scalar_alpha_residual)
+        biased += exact.total_variation(out, p) > 1e-6
+    assert biased > 150
+
+
+def random_markov(V, gen, zeros=0.0):
+    M = torch.rand(V, V, generator=gen, dtype=F64)
+    M = M * (torch.rand(V, V, generator=gen, dtype=F64) >= zeros)
+    M[:, 0] += 1e-3  # every row keeps some mass
+    return M / M.sum(-1, keepdim=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 3), st.integers(1, 3), st.floats(0, 0.5), st.integers(0, 2**31))
+def test_joint_of_several_tokens_is_exact_on_markov_models(V, k, n_tokens, zeros, seed):
+    """Across round boundaries, the joint of the first n emitted tokens is the target's."""
+    if V ** k * n_tokens > 60:  # keep each enumeration small
+        k = 1
+    gen = torch.Generator().manual_seed(seed)
+    P, Q = random_markov(V, gen, zeros), random_markov(V, gen, zeros)
+    out = exact.emitted_distribution(P, Q, start=0, k=k, n_tokens=n_tokens)
+    assert float((out - exact.target_distribution(P, 0, n_tokens)).abs().max()) < 1e-12
+
+
+def test_joint_k2_each_residual_variant_is_biased():
+    """The issue's check: k = 2, joint of the first two tokens, V = 3; exact for the rule, not for the others."""
+    gen = torch.Generator().manual_seed(1)
+    P, Q = random_markov(3, gen), random_markov(3, gen)
+    target = exact.target_distribution(P, 0, 2)
+    for name in RESIDUAL_VARIANTS:
+        out = exact.emitted_distribution(P, Q, 0, 2, 2, residual_fn=VARIANTS[name].residual)
+        assert abs(float(out.sum()) - 1) < 1e-12
+        gap = float((out - target).abs().max())
+        assert (gap < 1e-12) if name == "correct" else (gap > 1e-3), (name, gap)
+
+
+def draft_side(name, logits_q, params):
+    q_draw, q_report = VARIANTS[name].draft_q(logits_q, params)
+    return q_draw, q_report
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.7), SamplingParams(1.0, top_k=3), SamplingParams(1.3, top_p=0.9),
+                                    SamplingParams(0.8, top_k=4, top_p=0.95)])
+def test_draft_side_variants_exact_and_biased(params):
+    """Trap 2: the draft must sample from the q it reports. Checked for several warps, one round and k = 2 joints."""
+    gen = torch.Generator().manual_seed(2)
+    V = 5
+    logits_p, logits_q = torch.randn(2, V, V, generator=gen, dtype=F64)  # Markov logits: row = current token
+    P = warp(logits_p, params)
+    for name in DRAFT_VARIANTS:
+        Qd, Qr = draft_side(name, logits_q, params)
+        one = exact.first_token_distribution(P[0], Qd[0], Qr[0])
+        two = exact.emitted_distribution(P, Qd, 0, 2, 2, Q_report=Qr)
+        gap = max(float((one - P[0]).abs().max()),
+                  float((two - exact.target_distribution(P, 0, 2)).abs().max()))
+        if name == "correct":
+            assert gap < 1e-12
+        elif name == "q reported before temperature/top-k" and params == SamplingParams(1.0):
+            assert gap < 1e-12  # nothing to get wrong without a warp
+        else:
+            assert gap > 1e-3, (name, params)
+
+
+def test_temperature_zero_is_greedy_for_every_variant_that_reports_a_one_hot():
+    """At temperature 0 p and q are one-hot: the rule accepts iff the draft is the target's argmax."""
+    p, q = warp(t(0.1, 3.0, 0.2), SamplingParams(0)), warp(t(2.0, 1.0, 0.0), SamplingParams(0))
+    torch.testing.assert_close(exact.first_token_distribution(p, q), t(0, 1, 0))
+
+
+# ---------------------------------------------------------------------------- the sampling code, statistically
+
+def markov_speculative(P, Qd, Qr, start, k, n_tokens, gen, residual_fn):
+    """Chained rounds of the real speculative_round on a Markov model: the first n_tokens emitted."""
+    out, state = [], start
+    while len(out) < n_tokens:
+        drafts, q = [], []
+        for _ in range(k):
+            prev = drafts[-1] if drafts else state
+            drafts.append(sampling.sample_token(Qd[prev], gen))
+            q.append(Qr[prev])
+        p = P[[state] + drafts]
+        n, token = sampling.speculative_round(p, torch.stack(q), drafts, gen, residual_fn)
+        out += drafts[:n] + [token]
+        state = out[-1]
+    return out[:n_tokens]
+
+
+def test_speculative_round_code_matches_enumeration_and_catches_scalar_alpha():
+    """The sampling code itself (not the maths): 4000 chained k = 2 runs, joint of 2 tokens, chi-square at 1%."""
+    gen = torch.Generator().manual_seed(0)
+    V = 3
+    P = t(.5, .3, .2).repeat(V, 1)  # the brief's example at every step
+    Q = t(.2, .3, .5).repeat(V, 1)
+    expected = exact.target_distribution(P, 0, 2).flatten()
+    for name in ("correct", "scalar-alpha residual"):
+        draws = torch.tensor([a * V + b for a, b in (markov_speculative(P, Q, Q, 0, 2, 2, gen, VARIANTS[name].residual)
+                                                     for _ in range(4000))])
+        p_value = chi_square_test(draws, expected).p_value
+        assert (p_value > ALPHA) if name == "correct" else (p_value < 1e-6), (name, p_value)
+
+
+def test_vectorized_sampler_false_alarm_and_power():
+    """sample_first_tokens: the correct rule is rejected about ALPHA of the time; every wrong variant always."""
+    gen = torch.Generator().manual_seed(4)
+    V = 300
+    logits_p = 2 * torch.randn(V, generator=gen, dtype=F64)
+    logits_q = logits_p + torch.randn(V, generator=gen, dtype=F64)
+    params = SamplingParams(0.7, top_k=200)
+    p = warp(logits_p, params)
+    for name, v in VARIANTS.items():
+        q_draw, q_report = v.draft_q(logits_q, params)
+        rate = rejection_rate(lambda g: sampling.sample_first_tokens(p, q_draw, 20000, g, q_report, v.residual),
+                              p, trials=100 if v.correct else 10, alpha=ALPHA, seed=5)
+        if v.correct:
+            assert rate <= 0.05  # expected 0.01; P(more than 5 of 100 at 1%) < 0.001
+        else:
+            assert rate == 1.0, (name, rate)
+
+
+# ---------------------------------------------------------------------------- the decoding loop on tiny models
+
+@pytest.fixture(scope="module")
+def small():
+    """A tiny target with a 6-token vocabulary and an unrelated tiny draft. Picked with
+    exact.first_token_distribution so that every wrong variant is clearly biased on the first token
+    (TV 0.14 to 0.5 at temperature 2, top-k 3): the end-to-end test then has power."""
+    return tiny_llama(seed=0, vocab_size=6), tiny_llama(seed=8, vocab_size=6)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_temperature_zero_equals_greedy(target, noisy_draft_model, prompts, baselines, k):
+    params = SamplingParams(0)
+    for ids, base in zip(prompts, baselines):
+        assert sample(target, ids, 24, params).tokens == base
+        for draft in (ModelDraft(noisy_draft_model), PromptLookupDraft()):
+            assert speculative_sample(target, draft, ids, k, 24, params, seed=1).tokens == base
+
+
+def test_reproducible_by_seed_and_stats_add_up(target, noisy_draft_model, prompts):
+    params = SamplingParams(1.0, top_p=0.95)
+    runs = [speculative_sample(target, ModelDraft(noisy_draft_model), prompts[3], 4, 24, params, seed=s)
+            for s in (5, 5, 6)]
+    assert runs[0].tokens == runs[1].tokens != runs[2].tokens
+    r = runs[0]
+    assert len(r.tokens) == sum(x.emitted for x in r.rounds) == 24
+    assert r.target_forwards == 1 + len(r.rounds)
+    assert all(x.accepted <= x.drafted and x.emitted == x.accepted + 1 for x in r.rounds)
+    assert r.verified == sum(min(x.accepted + 1, x.drafted) for x in r.rounds)
+    assert 0 < r.accepted < r.drafted
+
+
+def test_draft_equal_to_target_accepts_everything(target, prompts):
+    r = speculative_sample(target, ModelDraft(target), prompts[2], 4, 20, SamplingParams(1.0), seed=0)
+    assert r.acceptance_rate > 0.95 and min(r.overlaps) > 0.999
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_eos_inside_a_draft_stops_there(target, noisy_draft_model, prompts, k):
+    ids = prompts[3]
+    free = speculative_sample(target, ModelDraft(noisy_draft_model), ids, k, 24, seed=2).tokens
+    eos = free[6]
+    r = speculative_sample(target, ModelDraft(noisy_draft_model), ids, k, 24, seed=2, eos_token_id=eos)
+    assert r.tokens == free[: free.index(eos) + 1] and r.stop == "eos"
+
+
+def exact_two_tokens(model, prompt, params):
+    """The target's own joint of its next two tokens, (V, V), by V + 1 forwards."""
+    with torch.inference_mode():
+        p1 = warp(model(torch.tensor([prompt])).logits[0, -1], params)
+        p2 = torch.stack([warp(model(torch.tensor([prompt + [x]])).logits[0, -1], params) for x in range(len(p1))])
+    return p1[:, None] * p2
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_end_to_end_generation_is_distributed_as_the_target(small, name):
+    """speculative_sample on tiny models: 300 seeded runs of 3 tokens (k = 2, temperature 2, top-k 3),
+    chi-square at 1% over the pairs of the first two tokens against the target's exact joint.
+    Each wrong variant, run through the same loop and test, is rejected (exact TV >= 0.14 here)."""
+    tgt, drf = small
+    prompt, params, runs = [1, 2, 3, 1], SamplingParams(2.0, top_k=3), 300
+    expected = exact_two_tokens(tgt, prompt, params).flatten()
+    V = tgt.config.vocab_size
+    v = VARIANTS[name]
+    results = [speculative_sample(tgt, ModelDraft(drf), prompt, 2, 3, params, seed=s,
+                                  residual_fn=v.residual, draft_q=v.draft_q) for s in range(runs)]
+    assert all(r.rounds[0].drafted == 2 for r in results)  # the first round drafts k = 2 tokens
+    pairs = torch.tensor([r.tokens[0] * V + r.tokens[1] for r in results])
+    p_value = chi_square_test(pairs, expected).p_value
+    assert (p_value > ALPHA) if v.correct else (p_value < ALPHA), (name, p_value)
+
+
+def test_end_to_end_prompt_lookup_one_hot_q(small):
+    """Prompt lookup drafts with a one-hot q; the output is still the target's distribution (as plain sampling's)."""
+    tgt, _ = small
+    prompt, params, runs = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], SamplingParams(1.0), 500
+    expected = exact_two_tokens(tgt, prompt, params).flatten()
+    V = tgt.config.vocab_size
+    assert speculative_sample(tgt, PromptLookupDraft(), prompt, 2, 2, params).rounds[0].drafted == 1
+    for decode in (lambda s: speculative_sample(tgt, PromptLookupDraft(), prompt, 2, 2, params, seed=s),
+                   lambda s: sample(tgt, prompt, 2, params, seed=s)):
+        pairs = torch.tensor([a * V + b for a, b in (decode(s).tokens for s in range(runs))])
+        assert chi_square_test(pairs, expected).p_value > ALPHA
