@@ -1,9 +1,12 @@
-"""Command line: ``python -m specnb {prepare,check,bench,info}``.
+"""Command line: ``python -m specnb {prepare,check,bench,sweep,plot,info}``.
 
 * ``prepare``: convert the offline model to safetensors once, and time a reload.
 * ``check``: exactness of speculative greedy against plain greedy on varied prompts.
 * ``bench``: specnb's greedy loop vs transformers ``generate``, and speculative vs
   plain greedy, as ratios measured side by side.
+* ``sweep``: the measured sweep of chapter 4 (acceptance, c, speedup over k, per
+  draft and kind of text), written to a JSON file.
+* ``plot``: redraw every figure of chapter 4 from that file, without measuring.
 * ``info``: the machine and library versions.
 """
 from __future__ import annotations
@@ -28,20 +31,12 @@ def _prepare(args) -> int:
 
 
 def _drafts(model, names: list[str]):
-    from .drafts import ModelDraft, PromptLookupDraft, early_exit_model
+    from .drafts import draft_from_name
 
-    out = []
-    for name in names:
-        if name == "lookup":
-            out.append(PromptLookupDraft())
-        elif name.startswith("exit"):
-            layers = int(name[4:])
-            out.append(ModelDraft(early_exit_model(model, layers), name=f"early exit ({layers} layers)"))
-        elif name == "self":
-            out.append(ModelDraft(model, name="target as its own draft"))
-        else:
-            raise SystemExit(f"unknown draft {name!r}: use lookup, self, or exitN (e.g. exit24)")
-    return out
+    try:
+        return [draft_from_name(model, name) for name in names]
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def _check(args) -> int:
@@ -85,6 +80,55 @@ def _bench(args) -> int:
     return 0
 
 
+def _sweep(args) -> int:
+    from .env import machine_line
+    from .models import load_offline_target
+    from .sweep import SweepConfig, save_results, run_sweep, summarize
+
+    base = SweepConfig.quick() if args.quick else SweepConfig()
+    overrides = {name: tuple(value) if isinstance(value, list) else value
+                 for name in ("drafts", "ks", "kinds", "prompts_per_kind", "max_new_tokens", "repeats", "twins")
+                 if (value := getattr(args, name)) is not None}
+    config = SweepConfig(**{**base.__dict__, **overrides})
+    if args.no_twins:
+        config.twins = ()
+    try:
+        config.validate()
+    except ValueError as err:
+        raise SystemExit(f"sweep: {err}") from None
+    target = load_offline_target()
+    print(f"{target.label}; {config}")
+    print(machine_line())
+    results = run_sweep(target.model, target.tokenizer, config, label=target.label)
+    path = save_results(results, args.out)
+    print(f"wrote {path} ({len(results['runs'])} runs, {results['elapsed_s'] / 60:.1f} min)")
+    for row in summarize(results):
+        if row.kind == "all":
+            print(f"{row.draft_label:26s} k={row.k}  acceptance {row.acceptance_rate:.3f}  a {row.a:.3f}  "
+                  f"tokens/round {row.tokens_per_round:.2f}  c {row.c:.3f}  speedup {row.speedup:.2f}x "
+                  f"({row.speedup_q1:.2f}-{row.speedup_q3:.2f})  identical {row.identical}/{row.runs}")
+    for pair, twin in results["twins"].items():
+        print(f"{pair}: c = {twin['c']:.3f} from shape twins (random weights)")
+    mismatched = sum(not r["identical"] for r in results["runs"])
+    if mismatched:
+        print(f"{mismatched} speculative runs differ from plain greedy: run `python -m specnb check`")
+    return 1 if mismatched else 0
+
+
+def _plot(args) -> int:
+    from .plots import save_all
+    from .sweep import load_results
+
+    try:
+        results = load_results(args.results)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(str(err)) from None
+    out = args.out or str(__import__("pathlib").Path(args.results).with_suffix("")) + "_figures"
+    for path in save_all(results, out):
+        print(path)
+    return 0
+
+
 def _info(args) -> int:
     import json
 
@@ -113,6 +157,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=4, help="k for the speculative rows")
     p.add_argument("--skip-speculative", action="store_true")
     p.set_defaults(func=_bench)
+    p = sub.add_parser("sweep", help="chapter 4: acceptance, c and speedup over k, per draft and kind, to JSON")
+    p.add_argument("--out", default="results/sweep.json", help="results file (default results/sweep.json)")
+    p.add_argument("--quick", action="store_true", help="the small configuration tests and CI use")
+    p.add_argument("--drafts", nargs="+", help="lookup, exitN (default: lookup exit8 exit16 exit24)")
+    p.add_argument("--ks", type=int, nargs="+", help="default 1 2 3 4 6 8")
+    p.add_argument("--kinds", nargs="+", help="code prose grounded dialogue list (default: code prose grounded)")
+    p.add_argument("--prompts-per-kind", type=int)
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--twins", nargs="*", help="hub pairs whose c shape twins measure")
+    p.add_argument("--no-twins", action="store_true", help="skip the shape twins")
+    p.set_defaults(func=_sweep)
+    p = sub.add_parser("plot", help="redraw chapter 4's figures from a sweep results file (no measuring)")
+    p.add_argument("results", help="JSON written by `specnb sweep`")
+    p.add_argument("--out", help="folder for the PNGs (default: next to the results file)")
+    p.set_defaults(func=_plot)
     p = sub.add_parser("info", help="machine and library versions")
     p.set_defaults(func=_info)
     args = parser.parse_args(argv)

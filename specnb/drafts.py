@@ -213,3 +213,16 @@ def early_exit_model(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
     if missing or unexpected:
         raise RuntimeError(f"early exit: weights did not map ({missing=}, {unexpected=})")
     return small.to(next(model.parameters()).dtype).eval()
+
+
+def draft_from_name(model: torch.nn.Module, name: str) -> Draft:
+    """A draft for ``model`` by short name: ``lookup`` (prompt lookup), ``exitN`` (raw early exit
+    at N layers, e.g. ``exit24``) or ``self`` (the target drafting for itself: always right)."""
+    if name == "lookup":
+        return PromptLookupDraft()
+    if name.startswith("exit") and name[4:].isdigit():
+        layers = int(name[4:])
+        return ModelDraft(early_exit_model(model, layers), name=f"early exit ({layers} layers)")
+    if name == "self":
+        return ModelDraft(model, name="target as its own draft")
+    raise ValueError(f"unknown draft {name!r}: use lookup, self, or exitN (e.g. exit24)")

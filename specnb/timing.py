@@ -133,3 +133,37 @@ def weight_bytes(model: torch.nn.Module) -> int:
             seen.add(ptr)
             total += p.numel() * p.element_size()
     return total
+
+
+@torch.inference_mode()
+def cost_ratio(target: torch.nn.Module, draft: torch.nn.Module, context_len: int = 64, repeats: int = 10,
+               warmup: int = 2, seed: int = 0, progress: bool = True) -> dict:
+    """c = (one draft forward) / (one target forward), each a 1-token decode step through a cache.
+
+    Both caches are prefilled with ``context_len`` seeded random ids; then draft and
+    target steps alternate (``logits: (1, vocab)`` each, cache rolled back after), so
+    a noisy machine slows both alike. Works for shape twins (chapter 4), whose cost
+    is the real models' cost. Returns ``{"c": median of paired ratios, "c_q1", "c_q3",
+    "t_target": median s, "t_draft": median s, "machine": machine_info()}``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    vocab = min(target.config.vocab_size, draft.config.vocab_size)
+    ids = torch.randint(0, vocab, (context_len + 1,), generator=gen).tolist()
+    caches = {}
+    for name, model in (("target", target), ("draft", draft)):
+        caches[name] = new_cache(model)
+        forward(model, ids[:-1], caches[name], logits_to_keep=1)
+    times: dict[str, list[float]] = {"target": [], "draft": []}
+    for r in tqdm(range(warmup + repeats), desc="c: draft vs target forward", disable=not progress):
+        for name, model in (("draft", draft), ("target", target)):
+            t0 = time.perf_counter()
+            forward(model, ids[-1:], caches[name], logits_to_keep=1)
+            dt = time.perf_counter() - t0
+            rollback(caches[name], 1)
+            if r >= warmup:
+                times[name].append(dt)
+    ratios = np.array(times["draft"]) / np.array(times["target"])
+    q1, med, q3 = np.percentile(ratios, [25, 50, 75])
+    return {"c": float(med), "c_q1": float(q1), "c_q3": float(q3),
+            "t_target": float(np.median(times["target"])), "t_draft": float(np.median(times["draft"])),
+            "machine": machine_info()}

@@ -1,0 +1,117 @@
+"""Cost models of speculative decoding (chapter 5): what speedup a draft should give.
+
+Symbols as in Leviathan et al. (2023) and the book: ``a`` the probability that a
+drafted token is accepted, ``c`` the cost ratio (one draft forward / one target
+forward), ``k`` tokens drafted per round.
+
+* The simple model (Leviathan et al., section 3): with each draft accepted
+  independently with probability ``a``, a round emits
+  ``E = (1 - a^(k+1)) / (1 - a)`` tokens and costs ``C = k*c + 1`` target
+  forwards, so the speedup is ``E / C`` (:func:`speedup`). The "1" says a verify
+  forward of k+1 tokens costs what a one-token forward costs.
+* The refined model (:func:`refined_speedup`): the measured forward-time curve
+  T(n) replaces that "1" by ``T(k+1)/T(1)``, and measured per-position acceptance
+  replaces the single ``a``.
+* :func:`naive_speedup`: ``(1 + k*a) / (1 + k*a/draft_speedup)``, a formula from a
+  public explainer, kept to show that it is wrong (the book's chapter 5).
+
+Everything broadcasts over numpy arrays. Not covered: tree drafts, batches,
+sampling-mode acceptance (which chapter 6 relates to the overlap of p and q).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+
+def expected_tokens(a, k):
+    """E = (1 - a^(k+1)) / (1 - a): expected tokens a round emits (accepted drafts + the target's own).
+
+    ``a`` in [0, 1], ``k >= 0``; at ``a == 1`` the limit k + 1.
+    """
+    a = np.asarray(a, dtype=float)
+    k = np.asarray(k, dtype=float)
+    if np.any((a < 0) | (a > 1)):
+        raise ValueError(f"acceptance a must lie in [0, 1], got {a}")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = (1 - a ** (k + 1)) / (1 - a)
+    return np.where(a == 1, k + 1, e)[()]
+
+
+def round_cost(c, k, verify=1.0):
+    """C = k*c + verify: a round's cost in target forwards (``verify`` = T(k+1)/T(1); 1 in the simple model)."""
+    c = np.asarray(c, dtype=float)
+    if np.any(c < 0):
+        raise ValueError(f"cost ratio c must be >= 0, got {c}")
+    return k * c + np.asarray(verify, dtype=float)
+
+
+def speedup(a, c, k, verify=1.0):
+    """E / C: the simple model's speedup over plain decoding (``verify`` as in :func:`round_cost`)."""
+    return expected_tokens(a, k) / round_cost(c, k, verify)
+
+
+def optimal_k(a, c, k_max: int = 64, verify: Mapping[int, float] | None = None):
+    """The k in 1..k_max with the highest speedup, and that speedup: ``(k, speedup)``, broadcast over a and c.
+
+    ``verify`` maps n to T(n)/T(1), so a verify of k drafts costs ``verify[k+1]``
+    (a missing n takes the nearest measured one below); ``None`` is the simple model's 1.
+    """
+    a, c = np.broadcast_arrays(np.asarray(a, dtype=float), np.asarray(c, dtype=float))
+    ks = np.arange(1, k_max + 1)
+    v = np.array([1.0 if verify is None else _lookup(verify, int(k) + 1) for k in ks])
+    s = speedup(a[..., None], c[..., None], ks, v)  # (..., k_max)
+    best = s.argmax(axis=-1)
+    return (ks[best])[()], np.take_along_axis(s, best[..., None], axis=-1)[..., 0][()]
+
+
+def pays(a, c, k_max: int = 64, verify: Mapping[int, float] | None = None):
+    """True where some k in 1..k_max gives a speedup above 1.
+
+    In the simple model this is exactly ``a > c``: at k = 1 the speedup is
+    (1 + a)/(1 + c), and if a <= c then E = 1 + a + ... + a^k <= 1 + k*a <= 1 + k*c = C
+    for every k. Chapter 5 checks this on a grid.
+    """
+    return optimal_k(a, c, k_max, verify)[1] > 1
+
+
+def _lookup(table: Mapping[int, float], n: int) -> float:
+    if n in table:
+        return float(table[n])
+    below = [m for m in table if m <= n]
+    if not below:
+        raise KeyError(f"no measured value at or below {n}")
+    return float(table[max(below)])
+
+
+def expected_tokens_positional(survival: Sequence[float]) -> float:
+    """E = 1 + sum_i s_i, where ``survival[i-1]`` = s_i = P(at least i drafts accepted in a round).
+
+    With per-position acceptance a_1..a_k (a_i = P(draft i accepted | drafts 1..i-1 were))
+    and a draft that always proposes k tokens, s_i = a_1 * ... * a_i. With a single a
+    this is :func:`expected_tokens`.
+    """
+    return 1.0 + float(np.sum(survival))
+
+
+def refined_speedup(survival: Sequence[float], c: float, k: int, verify_cost: float) -> float:
+    """The refined model: ``E_positional / (k*c + verify_cost)``.
+
+    ``survival`` as in :func:`expected_tokens_positional` (measured), ``c`` the
+    measured cost ratio, ``verify_cost`` the mean of T(m+1)/T(1) over rounds, m the
+    tokens actually drafted that round (T from the measured curve of chapter 1).
+    """
+    return expected_tokens_positional(survival) / (k * c + verify_cost)
+
+
+def naive_speedup(a, k, draft_speedup):
+    """``(1 + k*a) / (1 + k*a/draft_speedup)``: the wrong formula of a public explainer.
+
+    With ``draft_speedup = 1/c`` it is (1 + k*a)/(1 + k*a*c). It counts k*a accepted
+    tokens (as if a rejection did not end the round) and charges the draft only
+    for accepted tokens, the verify pass not at all; at a = 0 it predicts 1x where
+    a useless draft costs k*c extra per token. Chapter 5 shows it against measurement.
+    """
+    a = np.asarray(a, dtype=float)
+    return (1 + k * a) / (1 + k * a / np.asarray(draft_speedup, dtype=float))

@@ -1,0 +1,164 @@
+"""Figures of the measured sweep (chapter 4) and the cost model (chapter 5), drawn from a results dict.
+
+Every function takes the dict that :func:`specnb.sweep.run_sweep` returns (or
+:func:`specnb.sweep.load_results` reads back) and returns a matplotlib figure,
+so ``python -m specnb plot results.json`` redraws the book's figures without
+measuring again. Not covered: interactive figures (see :mod:`specnb.widgets`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from .sweep import Row, summarize
+
+MARKERS = "osD^v<>ph*"
+
+
+def _caption(results: dict) -> str:
+    m, cfg = results["machine"], results["config"]
+    where = m.get("gpu") or f"{m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads)"
+    return (f"{results.get('model') or 'target'}; {cfg['max_new_tokens']} new tokens, {cfg['repeats']} repeat(s), "
+            f"{cfg['prompts_per_kind']} prompt(s) per kind; measured {results['created'][:16]} on {where}; "
+            f"torch {m['torch']}, transformers {m['transformers']}")
+
+
+def _grid(results: dict, rows: list[Row]):
+    kinds = list(results["config"]["kinds"])
+    drafts = list(results["config"]["drafts"])
+    labels = {r.draft: r.draft_label for r in rows}
+    return kinds, drafts, labels
+
+
+def _select(rows: list[Row], draft: str, kind: str) -> list[Row]:
+    return sorted((r for r in rows if r.draft == draft and r.kind == kind), key=lambda r: r.k)
+
+
+def acceptance_vs_k(results: dict, rows: list[Row] | None = None):
+    """Acceptance rate (accepted / drafted, solid) and a (accepted / verified, dashed) against k,
+    one panel per kind of text, one line per draft."""
+    rows = rows or summarize(results)
+    kinds, drafts, labels = _grid(results, rows)
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.8), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for j, draft in enumerate(drafts):
+            sel = _select(rows, draft, kind)
+            ks = [r.k for r in sel]
+            line, = ax.plot(ks, [r.acceptance_rate for r in sel], marker=MARKERS[j], label=labels[draft])
+            ax.plot(ks, [r.a for r in sel], linestyle="--", color=line.get_color(), alpha=0.6)
+        ax.set(title=kind, xlabel="k (drafted per round)", ylim=(0, 1), xticks=results["config"]["ks"])
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("acceptance")
+    axes[0][-1].legend(fontsize=8, title="solid: accepted/drafted\ndashed: a = accepted/verified", title_fontsize=7)
+    fig.suptitle("Acceptance against k\n" + _caption(results), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_by_position(results: dict, rows: list[Row] | None = None):
+    """a_i = P(draft i accepted | drafts 1..i-1 accepted) at the largest k, one panel per kind."""
+    rows = rows or summarize(results)
+    kinds, drafts, labels = _grid(results, rows)
+    k = max(results["config"]["ks"])
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.8), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for j, draft in enumerate(drafts):
+            row = _select([r for r in rows if r.k == k], draft, kind)
+            if row:
+                pos = np.arange(1, k + 1)
+                ax.plot(pos, row[0].a_pos, marker=MARKERS[j], label=labels[draft])
+        ax.set(title=kind, xlabel=f"draft position i (k = {k})", ylim=(0, 1.02), xticks=range(1, k + 1))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("P(position i accepted | 1..i-1 accepted)")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle("Acceptance by draft position\n" + _caption(results), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def speedup_vs_k(results: dict, rows: list[Row] | None = None):
+    """Measured speedup over plain greedy against k (pooled; bars: quartiles of the per-run speedups)."""
+    rows = rows or summarize(results)
+    kinds, drafts, labels = _grid(results, rows)
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.8), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for j, draft in enumerate(drafts):
+            sel = _select(rows, draft, kind)
+            ks = np.array([r.k for r in sel]) + (j - len(drafts) / 2) * 0.08
+            y = np.array([r.speedup for r in sel])
+            err = [np.maximum(y - [r.speedup_q1 for r in sel], 0), np.maximum([r.speedup_q3 for r in sel] - y, 0)]
+            ax.errorbar(ks, y, yerr=err, marker=MARKERS[j], capsize=3, label=labels[draft])
+        ax.axhline(1, color="black", linewidth=1, linestyle=":")
+        ax.set(title=kind, xlabel="k (drafted per round)", xticks=results["config"]["ks"])
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("speedup over plain greedy (x)")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle("Wall-clock speedup against k (1 = plain greedy)\n" + _caption(results), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def cost_ratios(results: dict, rows: list[Row] | None = None):
+    """c of each draft (median over its runs) and of the shape twins of the hub pairs."""
+    rows = rows or summarize(results)
+    _, drafts, labels = _grid(results, rows)
+    names, values = [], []
+    for draft in drafts:
+        names.append(labels[draft])
+        values.append(float(np.median([r.c for r in rows if r.draft == draft and r.kind == "all"])))
+    for pair, twin in results.get("twins", {}).items():
+        names.append(f"{pair} (twins)")
+        values.append(twin["c"])
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.2))
+    ax.barh(names, values, color=["tab:blue"] * len(drafts) + ["tab:gray"] * (len(names) - len(drafts)))
+    for y, v in enumerate(values):
+        ax.text(v, y, f" {v:.3f}", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel="c = draft forward time / target forward time", xlim=(0, max(1.0, max(values) * 1.15)))
+    fig.suptitle("Cost ratio c\n" + _caption(results), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def predicted_vs_measured(results: dict, rows: list[Row] | None = None, models=("simple", "refined", "naive")):
+    """Each cost model's predicted speedup against the measured one, one panel per model (chapter 5)."""
+    rows = rows or [r for r in summarize(results) if r.kind != "all"]
+    drafts = list(results["config"]["drafts"])
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 4), squeeze=False)
+    hi = max(max(r.speedup for r in rows), max(min(r.predicted[m], 4) for r in rows for m in models)) * 1.1
+    for ax, model in zip(axes[0], models):
+        for j, draft in enumerate(drafts):
+            sel = [r for r in rows if r.draft == draft]
+            ax.scatter([r.speedup for r in sel], [r.predicted[model] for r in sel], marker=MARKERS[j], s=18,
+                       label=sel[0].draft_label if sel else draft)
+        ax.plot([0, hi], [0, hi], color="black", linewidth=1)
+        ax.fill_between([0, hi], [0, 0.9 * hi], [0, 1.1 * hi], color="tab:green", alpha=0.12, label="within 10%")
+        ax.set(xlim=(0, hi), ylim=(0, hi), title=f"{model} model", xlabel="measured speedup (x)",
+               ylabel="predicted speedup (x)", aspect="equal")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Cost models against measurement, one point per (draft, k, kind)\n" + _caption(results), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+SWEEP_FIGURES = {"acceptance_vs_k": acceptance_vs_k, "acceptance_by_position": acceptance_by_position,
+                 "speedup_vs_k": speedup_vs_k, "cost_ratios": cost_ratios,
+                 "predicted_vs_measured": predicted_vs_measured}
+
+
+def save_all(results: dict, out_dir: str | Path) -> list[Path]:
+    """Draw every figure of chapter 4 (and the prediction plot of chapter 5) into ``out_dir`` as PNG."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = summarize(results)
+    paths = []
+    for name, draw in SWEEP_FIGURES.items():
+        fig = draw(results, [r for r in rows if r.kind != "all"] if name == "predicted_vs_measured" else rows)
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths

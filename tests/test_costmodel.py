@@ -1,0 +1,90 @@
+"""The cost models of chapter 5: formulas against brute force, the brief's figures, and the wrong formula."""
+import itertools
+
+import numpy as np
+import pytest
+
+from specnb import costmodel as cm
+from specnb.decode import speculative_greedy
+from specnb.drafts import ModelDraft
+from specnb.sweep import run_record
+
+
+def brute_expected_tokens(a: float, k: int) -> float:
+    """Enumerate all 2^k accept/reject patterns of k independent drafts; the round stops at the first reject."""
+    total = 0.0
+    for pattern in itertools.product([True, False], repeat=k):
+        prob = np.prod([a if ok else 1 - a for ok in pattern])
+        n = next((i for i, ok in enumerate(pattern) if not ok), k)
+        total += prob * (n + 1)
+    return total
+
+
+@pytest.mark.parametrize("a", [0.0, 0.1, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_expected_tokens_matches_enumeration(a, k):
+    assert cm.expected_tokens(a, k) == pytest.approx(brute_expected_tokens(a, k), abs=1e-12)
+    # The positional form with s_i = a^i is the same number.
+    assert cm.expected_tokens_positional([a ** i for i in range(1, k + 1)]) == pytest.approx(cm.expected_tokens(a, k))
+
+
+def test_brief_figures():
+    # Production numbers (brief): c=0.14, a=0.75, k=4 -> 1.96x; c=0.05, a=0.8, k=4 -> 2.80x.
+    assert round(float(cm.speedup(0.75, 0.14, 4)), 2) == 1.96
+    assert round(float(cm.speedup(0.8, 0.05, 4)), 2) == 2.80
+    # SmolLM2 pair (a=0.477, c=0.486, k=4): Leviathan 0.63x, the wrong formula 1.51x.
+    assert round(float(cm.speedup(0.477, 0.486, 4)), 2) == 0.63
+    assert round(float(cm.naive_speedup(0.477, 4, 1 / 0.486)), 2) == 1.51
+    # GPT-2 pair at k=6 with the study's acceptance 0.338 and c=0.181: 0.72x predicted.
+    assert round(float(cm.speedup(0.338, 0.181, 6)), 2) == 0.72
+
+
+def test_pays_iff_a_greater_than_c():
+    a = np.linspace(0, 0.99, 100)[:, None]
+    c = np.linspace(0, 1, 101)[None, :]
+    pays = cm.pays(a, c, k_max=64)
+    off_diagonal = np.abs(a - c) > 1e-9
+    assert np.array_equal(pays[np.broadcast_to(off_diagonal, pays.shape)],
+                          np.broadcast_to(a > c, pays.shape)[np.broadcast_to(off_diagonal, pays.shape)])
+
+
+def test_optimal_k_is_the_argmax():
+    for a, c in [(0.5, 0.1), (0.8, 0.05), (0.3, 0.5), (0.9, 0.01)]:
+        k, s = cm.optimal_k(a, c, k_max=20)
+        brute = max(range(1, 21), key=lambda kk: float(cm.speedup(a, c, kk)))
+        assert k == brute and s == pytest.approx(float(cm.speedup(a, c, brute)))
+    # A measured verify cost moves the optimum: verification that costs more favours fewer, surer rounds.
+    free_k, _ = cm.optimal_k(0.8, 0.05, k_max=20)
+    costly_k, costly_s = cm.optimal_k(0.8, 0.05, k_max=20, verify={n: 1 + 0.3 * (n - 1) for n in range(2, 22)})
+    assert costly_k < free_k and costly_s < cm.optimal_k(0.8, 0.05, 20)[1]
+
+
+def test_naive_formula_is_wrong_where_it_matters():
+    # Negative control: a draft that is never right costs k*c per round and gains nothing,
+    # so the true speedup is 1/(1 + k*c) < 1; the wrong formula says 1x.
+    k, c = 4, 0.3
+    assert float(cm.naive_speedup(0.0, k, 1 / c)) == 1.0
+    assert float(cm.speedup(0.0, c, k)) == pytest.approx(1 / (1 + k * c))
+    # And it disagrees with the enumeration wherever 0 < a < 1.
+    for a in (0.2, 0.5, 0.8):
+        assert abs(float(cm.naive_speedup(a, k, 1 / c)) - brute_expected_tokens(a, k) / (1 + k * c)) > 0.1
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="acceptance a"):
+        cm.expected_tokens(1.2, 3)
+    with pytest.raises(ValueError, match="cost ratio c"):
+        cm.speedup(0.5, -0.1, 3)
+
+
+def test_positional_tokens_match_a_real_loop(target, noisy_draft_model, prompts):
+    """E from measured survival equals the tokens per round the loop emitted (rounds not cut by the budget)."""
+    for k in (2, 4):
+        result = speculative_greedy(target, ModelDraft(noisy_draft_model), prompts[3], k, 60)
+        full = [r for r in result.rounds if r.drafted == k]
+        rec = run_record(result, k)
+        assert sum(rec["accepts"]) == result.accepted
+        survival = [sum(r.accepted >= i for r in full) / len(full) for i in range(1, k + 1)]
+        assert cm.expected_tokens_positional(survival) == pytest.approx(
+            sum(r.emitted for r in full) / len(full), abs=1e-12)
+        assert 0 < result.acceptance_rate < 1  # a partial draft: the check is not vacuous

@@ -1,0 +1,84 @@
+"""The sweep of chapter 4: record bookkeeping, a tiny real sweep, JSON round trip, the CLI and plots."""
+import json
+
+import pytest
+
+from specnb import cli
+from specnb.decode import DecodeResult, RoundStats
+from specnb.sweep import SweepConfig, load_results, run_record, run_sweep, save_results, summarize, verify_costs
+
+
+def _result(rounds):
+    tokens = sum(r.emitted for r in rounds)
+    return DecodeResult(list(range(tokens)), 5, 1.0, len(rounds) + 1, rounds=rounds, t_prefill=0.2)
+
+
+def test_run_record_counts_positions():
+    # k = 3: rounds accepting 0, 2, 3 (bonus) and one round that drafted only 1 token and lost it.
+    rounds = [RoundStats(3, 0, 1, False, 3, 0.1, 0.2), RoundStats(3, 2, 3, False, 3, 0.1, 0.2),
+              RoundStats(3, 3, 4, True, 3, 0.1, 0.2), RoundStats(1, 0, 1, False, 1, 0.1, 0.2)]
+    rec = run_record(_result(rounds), 3)
+    assert rec["attempts"] == [4, 2, 2]  # position 2 is verified only where position 1 was accepted
+    assert rec["accepts"] == [2, 2, 1]
+    assert rec["drafted_hist"] == [0, 1, 0, 3]
+    assert rec["bonus_rounds"] == 1 and rec["accepted"] == 5 and rec["drafted"] == 10
+    assert rec["per_token"] == pytest.approx((1.0 - 0.2) / 9)
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(real):
+    config = SweepConfig(drafts=("lookup", "exit2"), ks=(1, 3), kinds=("grounded", "prose"), prompts_per_kind=1,
+                         max_new_tokens=8, repeats=2, curve_repeats=1, twins=())
+    return run_sweep(real.model, real.tokenizer, config, label=real.label, progress=False)
+
+
+@pytest.mark.real
+def test_tiny_sweep_is_exact_and_consistent(tiny_sweep, tmp_path):
+    runs = tiny_sweep["runs"]
+    assert len(runs) == 2 * 2 * 2 * 2  # repeats x prompts x drafts x ks
+    assert all(r["identical"] for r in runs), "every speculative run must equal plain greedy"
+    for r in runs:
+        assert sum(r["accepts"]) == r["accepted"] and sum(r["drafted_hist"]) == r["rounds"]
+        assert r["tokens"] == r["accepted"] + r["rounds"]  # each round: accepted drafts + the target's token
+        assert r["speedup"] > 0 and r["c"] >= 0
+    assert set(verify_costs(tiny_sweep)) == {1, 2, 3, 4} and verify_costs(tiny_sweep)[1] == 1
+    rows = summarize(tiny_sweep)
+    assert {(r.draft, r.k, r.kind) for r in rows} == {(d, k, kind) for d in ("lookup", "exit2") for k in (1, 3)
+                                                     for kind in ("grounded", "prose", "all")}
+    for row in rows:
+        assert row.runs == (4 if row.kind == "all" else 2)
+        assert set(row.predicted) == {"simple", "refined", "naive"}
+        assert row.speedup_q1 <= row.speedup_q3
+    exit_rows = [r for r in rows if r.draft == "exit2"]
+    assert all(r.c > 0.02 for r in exit_rows)  # a 2-layer model still runs the full LM head: c is not 0
+    # JSON round trip keeps everything.
+    path = save_results(tiny_sweep, tmp_path / "r.json")
+    again = load_results(path)
+    assert json.dumps([vars(r) for r in summarize(again)]) == json.dumps([vars(r) for r in rows])
+
+
+@pytest.mark.real
+def test_plot_command_redraws_from_json(tiny_sweep, tmp_path, capsys):
+    path = save_results(tiny_sweep, tmp_path / "r.json")
+    assert cli.main(["plot", str(path), "--out", str(tmp_path / "figs")]) == 0
+    names = sorted(p.name for p in (tmp_path / "figs").iterdir())
+    assert names == sorted(["acceptance_vs_k.png", "acceptance_by_position.png", "speedup_vs_k.png",
+                            "cost_ratios.png", "predicted_vs_measured.png"])
+    assert all((tmp_path / "figs" / n).stat().st_size > 10_000 for n in names)
+
+
+def test_plot_and_load_errors(tmp_path):
+    with pytest.raises(SystemExit, match="run `python -m specnb sweep"):
+        cli.main(["plot", str(tmp_path / "missing.json")])
+    (tmp_path / "old.json").write_text(json.dumps({"format": 0}))
+    with pytest.raises(SystemExit, match="run the sweep again"):
+        cli.main(["plot", str(tmp_path / "old.json")])
+
+
+def test_sweep_config_errors():
+    with pytest.raises(ValueError, match="ks must be"):
+        SweepConfig(ks=(0, 2)).validate()
+    with pytest.raises(ValueError, match="prompts of kind"):
+        SweepConfig(prompts_per_kind=99).validate()
+    with pytest.raises(SystemExit, match="unknown draft"):
+        cli._drafts(None, ["medusa"])
