@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.specnb-installed
 
-.PHONY: book test model check bench clean
+.PHONY: book test model check bench sweep clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ check: model
 
 bench: model
 	$(BIN)/python -m specnb bench
+
+sweep: model
+	$(BIN)/python -m specnb sweep --out results/sweep.json
+	$(BIN)/python -m specnb plot results/sweep.json
 
 clean:
 	rm -rf _build

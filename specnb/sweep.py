@@ -69,8 +69,8 @@ class SweepConfig:
 
     @classmethod
     def quick(cls) -> "SweepConfig":
-        return cls(drafts=("lookup", "exit8", "exit24"), prompts_per_kind=1, max_new_tokens=16, repeats=1,
-                   model_prompts_per_kind=None, model_repeats=None, curve_repeats=3, twin_repeats=3)
+        return cls(drafts=("lookup", "exit8", "exit24"), ks=(1, 2, 4, 8), prompts_per_kind=1, max_new_tokens=16,
+                   repeats=1, model_prompts_per_kind=None, model_repeats=None, curve_repeats=3, twin_repeats=3)
 
     def runs_draft(self, name: str, repeat: int, prompt_index: int) -> bool:
         """Whether ``name`` is measured on the ``prompt_index``-th prompt of a kind in pass ``repeat``."""
