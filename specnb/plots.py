@@ -7,6 +7,7 @@ measuring again. Not covered: interactive figures (see :mod:`specnb.widgets`).
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -17,12 +18,13 @@ from .sweep import Row, summarize
 MARKERS = "osD^v<>ph*"
 
 
-def _caption(results: dict) -> str:
+def _caption(results: dict, width: int = 170) -> str:
     m, cfg = results["machine"], results["config"]
     where = m.get("gpu") or f"{m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads)"
-    return (f"{results.get('model') or 'target'}; {cfg['max_new_tokens']} new tokens, {cfg['repeats']} repeat(s), "
+    text = (f"{results.get('model') or 'target'}; {cfg['max_new_tokens']} new tokens, {cfg['repeats']} repeat(s), "
             f"{cfg['prompts_per_kind']} prompt(s) per kind; measured {results['created'][:16]} on {where}; "
             f"torch {m['torch']}, transformers {m['transformers']}")
+    return textwrap.fill(text, width=width)
 
 
 def _grid(results: dict, rows: list[Row]):
@@ -36,68 +38,70 @@ def _select(rows: list[Row], draft: str, kind: str) -> list[Row]:
     return sorted((r for r in rows if r.draft == draft and r.kind == kind), key=lambda r: r.k)
 
 
-def acceptance_vs_k(results: dict, rows: list[Row] | None = None):
-    """Acceptance rate (accepted / drafted, solid) and a (accepted / verified, dashed) against k,
-    one panel per kind of text, one line per draft."""
-    rows = rows or summarize(results)
+def _kind_panels(results: dict, rows: list[Row], draw, title: str, ylabel: str, xlabel: str, xticks,
+                 legend_title: str | None = None, **ax_kw):
+    """One panel per kind of text; ``draw(ax, j, draft, kind, label)`` draws draft number j in it."""
     kinds, drafts, labels = _grid(results, rows)
     fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.8), sharey=True, squeeze=False)
     for ax, kind in zip(axes[0], kinds):
         for j, draft in enumerate(drafts):
-            sel = _select(rows, draft, kind)
-            ks = [r.k for r in sel]
-            line, = ax.plot(ks, [r.acceptance_rate for r in sel], marker=MARKERS[j], label=labels[draft])
-            ax.plot(ks, [r.a for r in sel], linestyle="--", color=line.get_color(), alpha=0.6)
-        ax.set(title=kind, xlabel="k (drafted per round)", ylim=(0, 1), xticks=results["config"]["ks"])
+            draw(ax, j, draft, kind, labels[draft])
+        ax.set(title=kind, xlabel=xlabel, xticks=xticks, **ax_kw)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("acceptance")
-    axes[0][-1].legend(fontsize=8, title="solid: accepted/drafted\ndashed: a = accepted/verified", title_fontsize=7)
-    fig.suptitle("Acceptance against k\n" + _caption(results), fontsize=8)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=8, title=legend_title, title_fontsize=7)
+    fig.suptitle(title + "\n" + _caption(results), fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def acceptance_vs_k(results: dict, rows: list[Row] | None = None):
+    """Acceptance rate (accepted / drafted, solid) and a (accepted / verified, dashed) against k,
+    one panel per kind of text, one line per draft."""
+    rows = rows or summarize(results)
+
+    def draw(ax, j, draft, kind, label):
+        sel = _select(rows, draft, kind)
+        ks = [r.k for r in sel]
+        line, = ax.plot(ks, [r.acceptance_rate for r in sel], marker=MARKERS[j], label=label)
+        ax.plot(ks, [r.a for r in sel], linestyle="--", color=line.get_color(), alpha=0.6)
+
+    return _kind_panels(results, rows, draw, "Acceptance against k", "acceptance", "k (drafted per round)",
+                        results["config"]["ks"], "solid: accepted/drafted\ndashed: a = accepted/verified",
+                        ylim=(0, 1))
 
 
 def acceptance_by_position(results: dict, rows: list[Row] | None = None):
     """a_i = P(draft i accepted | drafts 1..i-1 accepted) at the largest k, one panel per kind."""
     rows = rows or summarize(results)
-    kinds, drafts, labels = _grid(results, rows)
     k = max(results["config"]["ks"])
-    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.8), sharey=True, squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
-        for j, draft in enumerate(drafts):
-            row = _select([r for r in rows if r.k == k], draft, kind)
-            if row:
-                pos = np.arange(1, k + 1)
-                ax.plot(pos, row[0].a_pos, marker=MARKERS[j], label=labels[draft])
-        ax.set(title=kind, xlabel=f"draft position i (k = {k})", ylim=(0, 1.02), xticks=range(1, k + 1))
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("P(position i accepted | 1..i-1 accepted)")
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle("Acceptance by draft position\n" + _caption(results), fontsize=8)
-    fig.tight_layout()
-    return fig
+
+    def draw(ax, j, draft, kind, label):
+        row = _select([r for r in rows if r.k == k], draft, kind)
+        if row:
+            ax.plot(np.arange(1, k + 1), row[0].a_pos, marker=MARKERS[j], label=label)
+
+    return _kind_panels(results, rows, draw, "Acceptance by draft position",
+                        "P(position i accepted | 1..i-1 accepted)", f"draft position i (k = {k})",
+                        list(range(1, k + 1)), ylim=(0, 1.02))
 
 
 def speedup_vs_k(results: dict, rows: list[Row] | None = None):
     """Measured speedup over plain greedy against k (pooled; bars: quartiles of the per-run speedups)."""
     rows = rows or summarize(results)
-    kinds, drafts, labels = _grid(results, rows)
-    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.8), sharey=True, squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
-        for j, draft in enumerate(drafts):
-            sel = _select(rows, draft, kind)
-            ks = np.array([r.k for r in sel]) + (j - len(drafts) / 2) * 0.08
-            y = np.array([r.speedup for r in sel])
-            err = [np.maximum(y - [r.speedup_q1 for r in sel], 0), np.maximum([r.speedup_q3 for r in sel] - y, 0)]
-            ax.errorbar(ks, y, yerr=err, marker=MARKERS[j], capsize=3, label=labels[draft])
-        ax.axhline(1, color="black", linewidth=1, linestyle=":")
-        ax.set(title=kind, xlabel="k (drafted per round)", xticks=results["config"]["ks"])
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("speedup over plain greedy (x)")
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle("Wall-clock speedup against k (1 = plain greedy)\n" + _caption(results), fontsize=8)
-    fig.tight_layout()
-    return fig
+    n_drafts = len(results["config"]["drafts"])
+
+    def draw(ax, j, draft, kind, label):
+        sel = _select(rows, draft, kind)
+        ks = np.array([r.k for r in sel]) + (j - n_drafts / 2) * 0.08
+        y = np.array([r.speedup for r in sel])
+        err = [np.maximum(y - [r.speedup_q1 for r in sel], 0), np.maximum([r.speedup_q3 for r in sel] - y, 0)]
+        ax.errorbar(ks, y, yerr=err, marker=MARKERS[j], capsize=3, label=label)
+        if j == 0:
+            ax.axhline(1, color="black", linewidth=1, linestyle=":")
+
+    return _kind_panels(results, rows, draw, "Wall-clock speedup against k (1 = plain greedy)",
+                        "speedup over plain greedy (x)", "k (drafted per round)", results["config"]["ks"])
 
 
 def cost_ratios(results: dict, rows: list[Row] | None = None):
@@ -111,13 +115,13 @@ def cost_ratios(results: dict, rows: list[Row] | None = None):
     for pair, twin in results.get("twins", {}).items():
         names.append(f"{pair} (twins)")
         values.append(twin["c"])
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.2))
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.6))
     ax.barh(names, values, color=["tab:blue"] * len(drafts) + ["tab:gray"] * (len(names) - len(drafts)))
     for y, v in enumerate(values):
         ax.text(v, y, f" {v:.3f}", va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set(xlabel="c = draft forward time / target forward time", xlim=(0, max(1.0, max(values) * 1.15)))
-    fig.suptitle("Cost ratio c\n" + _caption(results), fontsize=8)
+    fig.suptitle("Cost ratio c\n" + _caption(results, width=110), fontsize=8)
     fig.tight_layout()
     return fig
 
