@@ -82,3 +82,18 @@ def test_sweep_config_errors():
         SweepConfig(prompts_per_kind=99).validate()
     with pytest.raises(SystemExit, match="unknown draft"):
         cli._drafts(None, ["medusa"])
+
+
+@pytest.mark.real
+def test_sweep_command_writes_json_then_plots(real, tmp_path, capsys):
+    out = tmp_path / "sweep.json"
+    args = ["sweep", "--out", str(out), "--drafts", "lookup", "--ks", "1", "2", "--kinds", "grounded",
+            "--prompts-per-kind", "1", "--max-new-tokens", "6", "--repeats", "1", "--no-twins"]
+    assert cli.main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed and "identical 1/1" in printed
+    results = load_results(out)
+    assert results["config"]["ks"] == [1, 2] and results["twins"] == {}
+    assert {"cpu", "cores", "torch", "transformers", "python"} <= set(results["machine"])
+    assert cli.main(["plot", str(out)]) == 0  # default folder: next to the file
+    assert len(list((tmp_path / "sweep_figures").glob("*.png"))) == 5
