@@ -91,3 +91,26 @@ def forward(model: torch.nn.Module, token_ids: list[int], cache, logits_to_keep:
     if logits_to_keep:
         logits = logits[-logits_to_keep:]
     return logits
+
+
+def _decoder_and_head(model: torch.nn.Module):
+    """The model's decoder stack and LM head (transformers' ``get_decoder`` / ``get_output_embeddings``)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    return decoder, model.get_output_embeddings()
+
+
+@torch.inference_mode()
+def forward_features(model: torch.nn.Module, token_ids: list[int], cache, logits_to_keep: int = 0
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`forward`, also returning the last hidden states (what the LM head reads).
+
+    Returns ``logits: (n or logits_to_keep, vocab)`` and ``hidden: (n, H)`` for all n fed
+    tokens. The logits are the LM head applied to those hidden states, as the model's own
+    forward computes them. A draft head (chapter 7) drafts from these features.
+    """
+    decoder, lm_head = _decoder_and_head(model)
+    x = torch.tensor([token_ids], dtype=torch.long)  # (1, n)
+    out = decoder(input_ids=x, **{cache_keyword(decoder): cache, "use_cache": True})
+    hidden = out.last_hidden_state[0]  # (n, H)
+    logits = lm_head(hidden[-logits_to_keep:] if logits_to_keep else hidden)
+    return logits, hidden

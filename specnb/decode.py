@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache import cache_length, forward, new_cache, rollback
+from .cache import forward, forward_features, new_cache, rollback
 from .drafts import Draft, ModelDraft
 from .models import check_vocab_sizes, context_length
 from .sampling import (DraftQ, Residual, SamplingParams, draft_distributions, overlap, residual, sample_token,
@@ -150,6 +150,114 @@ def greedy(model: torch.nn.Module, prompt_ids, max_new_tokens: int, eos_token_id
                         margins=margins, t_prefill=t_prefill)
 
 
+class GreedyRule:
+    """Greedy acceptance: keep the longest prefix of drafts equal to the target's argmaxes, then its own token."""
+
+    def propose(self, draft: Draft, ids: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
+        return draft.propose(ids, k), None
+
+    def verify(self, logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None,
+               result: DecodeResult) -> tuple[int, int]:
+        """``logits: (m+1, vocab)`` -> (n accepted, the target's token after them)."""
+        g = logits.argmax(dim=-1).tolist()  # g[i]: the target's greedy token after ids + drafts[:i]
+        n = 0
+        while n < len(drafts) and drafts[n] == g[n]:
+            n += 1
+        result.margins += _margin(logits[: n + 1]).tolist()
+        return n, g[n]
+
+
+class SamplingRule:
+    """The rejection rule of :mod:`specnb.sampling` (chapter 6): accept d_i with probability min(1, p/q)."""
+
+    def __init__(self, params: SamplingParams, generator: torch.Generator, vocab: int,
+                 residual_fn: Residual = residual, draft_q: DraftQ = draft_distributions) -> None:
+        self.params, self.generator, self.vocab = params, generator, vocab
+        self.residual_fn, self.draft_q = residual_fn, draft_q
+
+    def propose(self, draft: Draft, ids: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
+        return draft.propose_sampled(ids, k, self.params, self.generator, self.vocab, self.draft_q)
+
+    def verify(self, logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None,
+               result: DecodeResult) -> tuple[int, int]:
+        p = warp(logits, self.params)  # (m+1, vocab)
+        m = len(drafts)
+        n, token = speculative_round(p, q, drafts, self.generator, self.residual_fn)
+        result.overlaps += overlap(p[: min(n + 1, m)], q[: min(n + 1, m)]).tolist()
+        return n, token
+
+
+def _speculative_loop(target: torch.nn.Module, draft: Draft, ids: list[int], k: int, max_new_tokens: int,
+                      eos_token_id: int | None, rule, result: DecodeResult, rollback_mode: str = "exact"
+                      ) -> DecodeResult:
+    """The loop shared by greedy and sampling mode; ``rule`` proposes and accepts (steps 1 and 3).
+
+    Drafts with ``uses_features`` (a trained head) get the target's last hidden states of
+    every position it has kept: those of the prefill, then each round's n + 1 kept positions.
+    """
+    if isinstance(draft, ModelDraft):
+        check_vocab_sizes(target, draft.model)
+    feats = draft.uses_features
+    draft.reset(eos_token_id)
+    cache = new_cache(target)
+    start = time.perf_counter()
+    # 0. Prefill all but the last prompt token: invariant from here on, the
+    #    target cache holds every token of `ids` except the last one.
+    if len(ids) > 1:
+        if feats:
+            _, hidden = forward_features(target, ids[:-1], cache, logits_to_keep=1)
+            draft.observe(hidden)  # (len(ids) - 1, H)
+        else:
+            forward(target, ids[:-1], cache, logits_to_keep=1)
+        result.target_forwards += 1
+        result.t_prefill = time.perf_counter() - start
+    while len(result.tokens) < max_new_tokens:
+        budget = max_new_tokens - len(result.tokens)
+        # 1. Fetch candidates: never more than the budget leaves room for (the round adds one more).
+        t0 = time.perf_counter()
+        forwards_before = draft.forwards
+        drafts, q = rule.propose(draft, ids, min(k, budget - 1))
+        drafts = drafts[: max(budget - 1, 0)]
+        if eos_token_id is not None and eos_token_id in drafts:
+            drafts = drafts[: drafts.index(eos_token_id) + 1]
+        if q is not None:
+            q = q[: len(drafts)]
+        t1 = time.perf_counter()
+        # 2. One target forward on the last token and the drafts: logits (m+1, vocab).
+        if feats:
+            logits, hidden = forward_features(target, [ids[-1]] + drafts, cache)
+        else:
+            logits = forward(target, [ids[-1]] + drafts, cache)
+        t2 = time.perf_counter()
+        # 3. Accept n drafts and one token of the target's (correction, residual draw or bonus).
+        m = len(drafts)
+        n, token = rule.verify(logits, drafts, q, result)
+        new = drafts[:n] + [token]
+        # 4. Discard the keys/values of the m - n rejected drafts.
+        if rollback_mode == "exact":
+            rollback(cache, m - n)
+        elif rollback_mode == "one-too-few":
+            rollback(cache, max(m - n - 1, 0))
+        if eos_token_id is not None and eos_token_id in new:
+            new = new[: new.index(eos_token_id) + 1]
+            result.stop = "eos"
+        ids = ids + new
+        result.tokens += new
+        result.margins = result.margins[: len(result.tokens)]
+        result.target_forwards += 1
+        result.rounds.append(RoundStats(m, n, len(new), bool(m) and n == m, draft.forwards - forwards_before,
+                                        t1 - t0, t2 - t1))
+        if result.stop == "eos":
+            break
+        # 5. Let the draft roll back its own state (and see the target's features of what was kept).
+        if feats:
+            draft.observe(hidden[: n + 1])  # (n+1, H): ids[-1] of last round and the n accepted drafts
+        draft.update(ids, n)
+    result.draft_forwards = draft.forwards
+    result.wall_time = time.perf_counter() - start
+    return result
+
+
 @torch.inference_mode()
 def speculative_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, k: int, max_new_tokens: int,
                        eos_token_id: int | None = None, rollback_mode: str = "exact") -> DecodeResult:
@@ -169,59 +277,9 @@ def speculative_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, k: int
     if rollback_mode not in ROLLBACKS:
         raise ValueError(f"rollback_mode must be one of {ROLLBACKS}, got {rollback_mode!r}")
     ids = validate(target, prompt_ids, max_new_tokens, k)
-    if isinstance(draft, ModelDraft):
-        check_vocab_sizes(target, draft.model)
-    draft.reset(eos_token_id)
-    cache = new_cache(target)
-    start = time.perf_counter()
     result = DecodeResult([], len(ids), 0.0, 0)
-    # 0. Prefill all but the last prompt token: invariant from here on, the
-    #    target cache holds every token of `ids` except the last one.
-    if len(ids) > 1:
-        forward(target, ids[:-1], cache, logits_to_keep=1)
-        result.target_forwards += 1
-        result.t_prefill = time.perf_counter() - start
-    while len(result.tokens) < max_new_tokens:
-        budget = max_new_tokens - len(result.tokens)
-        # 1. Fetch candidates: never more than the budget leaves room for (the round adds one more).
-        t0 = time.perf_counter()
-        forwards_before = draft.forwards
-        drafts = draft.propose(ids, min(k, budget - 1))[: max(budget - 1, 0)]
-        if eos_token_id is not None and eos_token_id in drafts:
-            drafts = drafts[: drafts.index(eos_token_id) + 1]
-        t1 = time.perf_counter()
-        # 2. One target forward on the last token and the drafts: logits (m+1, vocab).
-        logits = forward(target, [ids[-1]] + drafts, cache)
-        g = logits.argmax(dim=-1).tolist()  # g[i]: the target's greedy token after ids + drafts[:i]
-        t2 = time.perf_counter()
-        # 3. Accept the longest agreeing prefix, then the target's own token.
-        m = len(drafts)
-        n = 0
-        while n < m and drafts[n] == g[n]:
-            n += 1
-        new = drafts[:n] + [g[n]]
-        # 4. Discard the keys/values of the m - n rejected drafts.
-        if rollback_mode == "exact":
-            rollback(cache, m - n)
-        elif rollback_mode == "one-too-few":
-            rollback(cache, max(m - n - 1, 0))
-        margins = _margin(logits[: n + 1]).tolist()
-        if eos_token_id is not None and eos_token_id in new:
-            new = new[: new.index(eos_token_id) + 1]
-            result.stop = "eos"
-        ids = ids + new
-        result.tokens += new
-        result.margins += margins[: len(new)]
-        result.target_forwards += 1
-        result.rounds.append(RoundStats(m, n, len(new), bool(m) and n == m, draft.forwards - forwards_before,
-                                        t1 - t0, t2 - t1))
-        if result.stop == "eos":
-            break
-        # 5. Let the draft roll back its own state.
-        draft.update(ids, n)
-    result.draft_forwards = draft.forwards
-    result.wall_time = time.perf_counter() - start
-    return result
+    return _speculative_loop(target, draft, ids, k, max_new_tokens, eos_token_id, GreedyRule(), result,
+                             rollback_mode)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,53 +355,7 @@ def speculative_sample(target: torch.nn.Module, draft: Draft, prompt_ids, k: int
     controls of :mod:`specnb.sampling` (``VARIANTS``): they break exactness on purpose.
     """
     ids = validate(target, prompt_ids, max_new_tokens, k)
-    if isinstance(draft, ModelDraft):
-        check_vocab_sizes(target, draft.model)
-    vocab = target.config.vocab_size
     generator = torch.Generator().manual_seed(seed)
-    draft.reset(eos_token_id)
-    cache = new_cache(target)
-    start = time.perf_counter()
+    rule = SamplingRule(params, generator, target.config.vocab_size, residual_fn, draft_q)
     result = SamplingResult([], len(ids), 0.0, 0, seed=seed)
-    # 0. Prefill all but the last prompt token (the cache holds ids[:-1] from here on).
-    if len(ids) > 1:
-        forward(target, ids[:-1], cache, logits_to_keep=1)
-        result.target_forwards += 1
-        result.t_prefill = time.perf_counter() - start
-    while len(result.tokens) < max_new_tokens:
-        budget = max_new_tokens - len(result.tokens)
-        # 1. Draft up to min(k, budget - 1) tokens, each with the q it was drawn from.
-        t0 = time.perf_counter()
-        forwards_before = draft.forwards
-        drafts, q = draft.propose_sampled(ids, min(k, budget - 1), params, generator, vocab, draft_q)
-        drafts, q = drafts[: max(budget - 1, 0)], q[: max(budget - 1, 0)]
-        if eos_token_id is not None and eos_token_id in drafts:
-            cut = drafts.index(eos_token_id) + 1
-            drafts, q = drafts[:cut], q[:cut]
-        t1 = time.perf_counter()
-        # 2. One target forward on the last token and the drafts: p (m+1, vocab).
-        logits = forward(target, [ids[-1]] + drafts, cache)
-        p = warp(logits, params)
-        t2 = time.perf_counter()
-        # 3. The rejection rule: n accepted drafts, then one token (residual draw or bonus).
-        m = len(drafts)
-        n, token = speculative_round(p, q, drafts, generator, residual_fn)
-        new = drafts[:n] + [token]
-        result.overlaps += overlap(p[: min(n + 1, m)], q[: min(n + 1, m)]).tolist()
-        # 4. Discard the keys/values of the m - n rejected drafts.
-        rollback(cache, m - n)
-        if eos_token_id is not None and eos_token_id in new:
-            new = new[: new.index(eos_token_id) + 1]
-            result.stop = "eos"
-        ids = ids + new
-        result.tokens += new
-        result.target_forwards += 1
-        result.rounds.append(RoundStats(m, n, len(new), bool(m) and n == m, draft.forwards - forwards_before,
-                                        t1 - t0, t2 - t1))
-        if result.stop == "eos":
-            break
-        # 5. Let the draft roll back its own state.
-        draft.update(ids, n)
-    result.draft_forwards = draft.forwards
-    result.wall_time = time.perf_counter() - start
-    return result
+    return _speculative_loop(target, draft, ids, k, max_new_tokens, eos_token_id, rule, result)

@@ -35,6 +35,7 @@ class Draft(ABC):
     """Interface every draft implements."""
 
     name: str = "draft"
+    uses_features: bool = False  # True: the loop hands it the target's hidden states (see observe)
 
     def __init__(self) -> None:
         self.forwards = 0  # draft model forwards since reset()
@@ -51,6 +52,13 @@ class Draft(ABC):
 
     def update(self, ids: list[int], n_accepted: int) -> None:
         """``ids`` is the sequence after the round; ``n_accepted`` drafted tokens were kept."""
+
+    def observe(self, features: torch.Tensor) -> None:
+        """The target's last hidden states ``(m, H)`` for the next m positions of the sequence.
+
+        Called only for drafts with ``uses_features``: once after the prefill (all prompt
+        tokens but the last) and after every round (the n + 1 positions the target kept).
+        """
 
     def propose_sampled(self, ids: list[int], k: int, params: SamplingParams, generator: torch.Generator,
                         vocab_size: int, draft_q: DraftQ = draft_distributions) -> tuple[list[int], torch.Tensor]:
@@ -226,3 +234,165 @@ def draft_from_name(model: torch.nn.Module, name: str) -> Draft:
     if name == "self":
         return ModelDraft(model, name="target as its own draft")
     raise ValueError(f"unknown draft {name!r}: use lookup, self, or exitN (e.g. exit24)")
+
+
+class HeadDraft(Draft):
+    """A trained draft head (chapter 7): drafts from the target's own features, fed back k times.
+
+    ``threshold`` > 0 is dynamic drafting (EAGLE-2, transformers'
+    ``assistant_confidence_threshold``): the round stops before a draft whose top
+    probability under the head is below it. Load a head with
+    :func:`specnb.train_head.load_head`.
+    """
+
+    uses_features = True
+
+    def __init__(self, head, threshold: float = 0.0, name: str | None = None) -> None:
+        super().__init__()
+        if not 0.0 <= threshold < 1.0:
+            raise ValueError(f"threshold must be in [0, 1), got {threshold!r}")
+        self.head = head
+        self.threshold = threshold
+        self.name = name or ("trained head" + (f" (stop below p = {threshold:g})" if threshold else ""))
+        self.state = None
+
+    def reset(self, eos_token_id: int | None = None) -> None:
+        from .head import HeadState
+
+        super().reset(eos_token_id)
+        self.state = HeadState(self.head)
+
+    def observe(self, features: torch.Tensor) -> None:
+        self.state.observe(features)
+
+    def _run(self, ids: list[int], k: int, pick) -> list[int]:
+        if self.state is None:
+            self.reset(self.eos_token_id)
+        before = self.state.forwards
+        out = self.state.draft(ids, k, pick, self.eos_token_id)
+        self.forwards += self.state.forwards - before
+        return out
+
+    def propose(self, ids: list[int], k: int) -> list[int]:
+        vocab_ids = self.head.vocab_ids
+
+        def pick(i: int, logits: torch.Tensor) -> int | None:
+            j = int(logits.argmax())
+            if self.threshold and i > 0 and float(torch.softmax(logits, -1)[j]) < self.threshold:
+                return None
+            return int(vocab_ids[j])
+
+        return self._run(ids, k, pick)
+
+    def propose_sampled(self, ids: list[int], k: int, params: SamplingParams, generator: torch.Generator,
+                        vocab_size: int, draft_q: DraftQ = draft_distributions) -> tuple[list[int], torch.Tensor]:
+        """Sampling mode: each draft drawn from q = warp of the head's logits (zero outside its
+        reduced vocabulary), and that q reported, ``(m, vocab)``."""
+        qs: list[torch.Tensor] = []
+        vocab_ids = self.head.vocab_ids
+
+        def pick(i: int, logits: torch.Tensor) -> int | None:
+            full = torch.full((vocab_size,), float("-inf"), dtype=logits.dtype)
+            full[vocab_ids] = logits
+            q_draw, q_report = draft_q(full, params)
+            if self.threshold and i > 0 and float(q_draw.max()) < self.threshold:
+                return None
+            token = sample_token(q_draw, generator)
+            qs.append(q_report)
+            return token
+
+        tokens = self._run(ids, k, pick)
+        q = torch.stack(qs[:len(tokens)]) if tokens else torch.zeros(0, vocab_size, dtype=DTYPE)
+        return tokens, q
+
+    def update(self, ids: list[int], n_accepted: int) -> None:
+        self.state.drop_speculative()
+
+
+class HybridDraft(Draft):
+    """Prompt lookup where the context has a match, the trained head where it has none (chapter 7).
+
+    The head sees the target's features every round either way, so it is ready
+    whenever lookup finds nothing.
+    """
+
+    uses_features = True
+
+    def __init__(self, lookup: "PromptLookupDraft", head: HeadDraft, name: str = "lookup, else head") -> None:
+        super().__init__()
+        self.lookup, self.head_draft, self.name = lookup, head, name
+        self.used: list[str] = []  # which draft proposed, per round
+
+    def reset(self, eos_token_id: int | None = None) -> None:
+        super().reset(eos_token_id)
+        self.lookup.reset(eos_token_id)
+        self.head_draft.reset(eos_token_id)
+        self.used = []
+
+    def observe(self, features: torch.Tensor) -> None:
+        self.head_draft.observe(features)
+
+    def propose(self, ids: list[int], k: int) -> list[int]:
+        out = self.lookup.propose(ids, k)
+        if out:
+            self.used.append("lookup")
+            return out
+        before = self.head_draft.forwards
+        out = self.head_draft.propose(ids, k)
+        self.forwards += self.head_draft.forwards - before
+        self.used.append("head")
+        return out
+
+    def propose_sampled(self, ids, k, params, generator, vocab_size, draft_q=draft_distributions):
+        out = self.lookup.propose(ids, k)
+        if out:
+            self.used.append("lookup")
+            q = torch.nn.functional.one_hot(torch.tensor(out, dtype=torch.long), vocab_size).to(DTYPE)
+            return out, q.reshape(len(out), vocab_size)
+        before = self.head_draft.forwards
+        out, q = self.head_draft.propose_sampled(ids, k, params, generator, vocab_size, draft_q)
+        self.forwards += self.head_draft.forwards - before
+        self.used.append("head")
+        return out, q
+
+    def update(self, ids: list[int], n_accepted: int) -> None:
+        self.lookup.update(ids, n_accepted)
+        self.head_draft.update(ids, n_accepted)
+
+
+class HeuristicK(Draft):
+    """transformers' "heuristic" schedule around any draft: k grows by 2 after a round where every
+    draft was accepted and shrinks by 1 (not below 1) otherwise. The loop's k is the cap."""
+
+    def __init__(self, draft: Draft, k_start: int = 4) -> None:
+        super().__init__()
+        self.draft, self.k_start, self.k = draft, k_start, k_start
+        self.uses_features = draft.uses_features
+        self.name = f"{draft.name}, k +2/-1"
+        self._last = 0
+
+    def reset(self, eos_token_id: int | None = None) -> None:
+        super().reset(eos_token_id)
+        self.draft.reset(eos_token_id)
+        self.k = self.k_start
+
+    def observe(self, features: torch.Tensor) -> None:
+        self.draft.observe(features)
+
+    def propose(self, ids: list[int], k: int) -> list[int]:
+        before = self.draft.forwards
+        out = self.draft.propose(ids, min(self.k, k))
+        self.forwards += self.draft.forwards - before
+        self._last = len(out)
+        return out
+
+    def propose_sampled(self, ids, k, params, generator, vocab_size, draft_q=draft_distributions):
+        before = self.draft.forwards
+        out, q = self.draft.propose_sampled(ids, min(self.k, k), params, generator, vocab_size, draft_q)
+        self.forwards += self.draft.forwards - before
+        self._last = len(out)
+        return out, q
+
+    def update(self, ids: list[int], n_accepted: int) -> None:
+        self.draft.update(ids, n_accepted)
+        self.k = self.k + 2 if self._last and n_accepted == self._last else max(1, self.k - 1)

@@ -1,0 +1,245 @@
+"""The trained draft head (chapter 7) on tiny models: exactness through the shared loop, training
+equals drafting (the chain mask), a stale head cache caught, training that learns, and checkpoints."""
+import json
+
+import pytest
+import torch
+
+from specnb import train_head as th
+from specnb.decode import greedy, sample, speculative_greedy, speculative_sample
+from specnb.drafts import HeadDraft, HeuristicK, HybridDraft, PromptLookupDraft
+from specnb.head import DraftHead, HeadConfig, HeadState
+from specnb.sampling import SamplingParams
+from specnb.tiny import tiny_llama
+
+N_NEW = 24
+
+
+def random_head(target, v: int = 64, seed: int = 0) -> DraftHead:
+    torch.manual_seed(seed)
+    head = DraftHead(HeadConfig.from_target(target.config, v))
+    head.vocab_ids.copy_(torch.randperm(target.config.vocab_size)[:v].sort().values)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)
+    return head.attach(target).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_data(target, prompts):
+    """The tiny target's own greedy continuations of 40 random prompts, with features."""
+    gen = torch.Generator().manual_seed(7)
+    encoded = [torch.randint(0, target.config.vocab_size, (int(n),), generator=gen).tolist()
+               for n in torch.randint(3, 12, (40,), generator=gen)]
+    return th.generate_ids(target, encoded, 40, 8, None, "tiny data")
+
+
+@pytest.fixture(scope="module")
+def trained(target, tiny_data):
+    """A head trained on 32 of the tiny sequences (training-time test, depth 2) until it has them by heart.
+
+    A random tiny target's continuations are close to noise, so this head memorizes rather
+    than generalizes: enough to show that training, evaluation and drafting agree.
+    """
+    cfg = th.TrainConfig(depth=2, epochs=100, seq_len=64, batch_tokens=512, lr=3e-3, warmup=5, draft_vocab=96,
+                         init_from_last_layer=True)
+    head = th.new_head(target, th.draft_vocabulary(tiny_data[:32], 96), cfg)
+    before = th.evaluate(head, tiny_data[:8], 3)
+    log = th.train(head, tiny_data[:32], cfg, target.config.vocab_size, progress=False)
+    return head, before, th.evaluate(head, tiny_data[:8], 3), log
+
+
+def all_drafts(head):
+    return [HeadDraft(head), HeadDraft(head, threshold=0.3), HybridDraft(PromptLookupDraft(), HeadDraft(head)),
+            HeuristicK(HeadDraft(head), 2)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+def test_head_drafts_keep_greedy_exact(target, prompts, trained, k):
+    head = trained[0]
+    for ids in prompts:
+        base = greedy(target, ids, N_NEW).tokens
+        for draft in all_drafts(head) + all_drafts(random_head(target)):
+            result = speculative_greedy(target, draft, ids, k, N_NEW)
+            assert result.tokens == base, (draft.name, k, ids)
+
+
+def test_trained_head_is_accepted_in_the_loop(target, tiny_data, trained):
+    """On continuations it learned, the trained head's drafts are accepted in the decoding loop and a
+    random head's are not: the loop hands the head the features it was trained on."""
+    head = trained[0]
+    held = [s.tokens[:s.prompt_len].tolist() for s in tiny_data[:8]]
+    acc = {name: [] for name in ("trained", "random")}
+    for ids in held:
+        for name, h in (("trained", head), ("random", random_head(target))):
+            acc[name].append(speculative_greedy(target, HeadDraft(h), ids, 3, N_NEW).acceptance_rate)
+    assert sum(acc["trained"]) / len(held) > 0.3 > sum(acc["random"]) / len(held), acc
+
+
+def test_eos_inside_a_head_draft(target, prompts, trained):
+    head = trained[0]
+    ids = prompts[3]
+    base = greedy(target, ids, N_NEW).tokens
+    eos = base[5]  # a token the target emits: generation must stop right after it
+    result = speculative_greedy(target, HeadDraft(head), ids, 4, N_NEW, eos_token_id=eos)
+    assert result.tokens == base[:base.index(eos) + 1] and result.stop == "eos"
+
+
+def test_training_learns(trained):
+    """Agreement on the learned continuations rises from chance (about 1/96) to most positions at
+    draft position 1, and at position 2, drafted from the head's own fed-back feature."""
+    head, before, after, log = trained
+    assert before["agree"][0] < 0.1 and after["agree"][0] > 0.5, (before, after)
+    assert after["chain"][1] > 0.3, after
+    assert log["curve"][-1]["ce"] < log["curve"][0]["ce"]
+
+
+def _chain_logits(head, seq, depth):
+    preds = th.chained_forward(head, seq.features[None].float(), seq.tokens[None], depth)
+    return [head.logits(p[0]) for p in preds]  # each (T-1, V')
+
+
+def _drafting_logits(head, seq, i, depth, state=None):
+    """Draft ``depth`` tokens after position i (teacher-forced: the true tokens are fed back)."""
+    state = state or HeadState(head)
+    state.observe(seq.features[state.n_features:i + 1].float())
+    got = []
+
+    def pick(j, logits):
+        got.append(logits)
+        return int(seq.tokens[i + j + 2]) if i + j + 2 < len(seq.tokens) else 0
+
+    state.draft(seq.tokens[:i + 2].tolist(), depth, pick)
+    return got, state
+
+
+def test_training_passes_equal_drafting(target, tiny_data, trained):
+    """chained_forward (how the head is trained and evaluated) computes exactly what HeadState
+    computes when it drafts: same logits at every depth, from several start positions, in one
+    sequence whose state carries over between rounds."""
+    head = trained[0]
+    seq = tiny_data[33]
+    chain = _chain_logits(head, seq, 3)
+    state = None
+    for i in (4, 9, 10, 20):
+        got, state = _drafting_logits(head, seq, i, 3, state)
+        for d in range(3):
+            torch.testing.assert_close(got[d], chain[d][i], rtol=1e-4, atol=1e-4)
+
+
+def test_stale_head_cache_is_caught(target, tiny_data, trained, monkeypatch):
+    """Negative control: a head that forgets to crop its speculative keys/values cannot draft the
+    next round silently: its masks are sized from what it believes the cache holds, so the
+    mismatch raises instead of attending to stale entries."""
+    head = trained[0]
+    seq = tiny_data[33]
+    monkeypatch.setattr(HeadState, "drop_speculative", lambda self: setattr(self, "speculative", 0))
+    _, state = _drafting_logits(head, seq, 4, 3)
+    with pytest.raises(RuntimeError):
+        _drafting_logits(head, seq, 9, 3, state)
+
+
+def test_wrong_training_mask_is_caught(target, tiny_data, trained, monkeypatch):
+    """Negative control: plain causal attention across the chained passes (a tempting shortcut)
+    does not compute what drafting computes at depth 2."""
+    head = trained[0]
+    seq = tiny_data[33]
+    monkeypatch.setattr(th, "chain_mask", lambda T, d: torch.ones(1, 1, T, (d + 1) * T, dtype=torch.bool).tril(T * d))
+    chain = _chain_logits(head, seq, 2)
+    got, _ = _drafting_logits(head, seq, 9, 2)
+    torch.testing.assert_close(got[0], chain[0][9], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(got[1], chain[1][9], rtol=1e-4, atol=1e-4)
+
+
+def _first_tokens(target, head, draft_q, runs, params, ids):
+    from specnb.sampling import draft_distributions
+
+    return torch.tensor([speculative_sample(target, HeadDraft(head), ids, 2, 2, params, seed=s,
+                                            draft_q=draft_q or draft_distributions).tokens[0]
+                         for s in range(runs)])
+
+
+def test_head_sampling_is_exact_in_distribution(target, tiny_data, trained):
+    """Sampling mode with the head: the first emitted token (an accepted draft or a residual draw)
+    follows the target's p (chi-square, false-alarm rate 1e-3); a head that drafts by argmax but
+    reports its softmax (a wrong variant) is rejected by the same test. The context is one the head
+    learned, so its drafts are often accepted and the wrong variant's bias is large."""
+    from specnb.cache import forward, new_cache
+    from specnb.distcheck import chi_square_test
+    from specnb.sampling import VARIANTS, warp
+
+    head = trained[0]
+    ids = tiny_data[1].tokens[:tiny_data[1].prompt_len + 3].tolist()
+    params = SamplingParams(temperature=1.0)
+    p = warp(forward(target, ids, new_cache(target), logits_to_keep=1)[-1], params)
+    good = chi_square_test(_first_tokens(target, head, None, 800, params, ids), p)
+    bad = chi_square_test(_first_tokens(target, head, VARIANTS["argmax draft, softmax q reported"].draft_q,
+                                        800, params, ids), p)
+    assert good.p_value > 1e-3 > bad.p_value, (good, bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints: the card is checked before the weights; every failure names `make draft`
+
+
+def _saved(target, tmp_path, head):
+    card = {"format": th.FORMAT, "target_fingerprint": th.target_fingerprint(target),
+            "config": {"head": head.cfg.to_dict(), "train": {}}}
+    return th.save_head(head, card, tmp_path / "h")
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_checkpoint_round_trip(target, tmp_path, trained):
+    head = trained[0]
+    folder = _saved(target, tmp_path, head)
+    loaded, card = th.load_head(target, folder)
+    assert card["target_fingerprint"] == th.target_fingerprint(target)
+    for (k, v), (k2, v2) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert k == k2 and torch.allclose(v.float(), v2.float(), atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("damage", ["no card", "bad json", "no weights", "truncated weights", "other target",
+                                    "old format"])
+def test_bad_checkpoints_name_make_draft(target, tmp_path, trained, damage):
+    folder = _saved(target, tmp_path, trained[0])
+    card_path, weights = folder / "draft_head.json", folder / "draft_head.safetensors"
+    if damage == "no card":
+        card_path.unlink()
+    elif damage == "bad json":
+        card_path.write_text("{not json")
+    elif damage == "no weights":
+        weights.unlink()
+    elif damage == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "other target":
+        pass
+    elif damage == "old format":
+        card_path.write_text(json.dumps({**json.loads(card_path.read_text()), "format": 0}))
+    before = _snapshot(folder)
+    model = tiny_llama(seed=5, vocab_size=target.config.vocab_size) if damage == "other target" else target
+    with pytest.raises(th.HeadUnavailableError, match="make draft"):
+        th.load_head(model, folder)
+    assert _snapshot(folder) == before  # nothing was changed
+
+
+def test_vocabulary_that_does_not_fit_the_target(target):
+    head = DraftHead(HeadConfig.from_target(target.config, 8))
+    head.vocab_ids.copy_(torch.arange(8) + target.config.vocab_size - 4)
+    with pytest.raises(ValueError, match="another target"):
+        head.attach(target)
+
+
+def test_no_head_anywhere_names_make_draft(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECNB_CACHE", str(tmp_path))
+    monkeypatch.setattr(th, "packaged_dir", lambda: tmp_path / "nowhere")
+    with pytest.raises(th.HeadUnavailableError, match="make draft"):
+        th.find_head()
+
+
+def test_threshold_must_be_a_probability(target):
+    with pytest.raises(ValueError, match="threshold"):
+        HeadDraft(random_head(target), threshold=1.5)
