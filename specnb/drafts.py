@@ -225,7 +225,9 @@ def early_exit_model(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
 
 def draft_from_name(model: torch.nn.Module, name: str) -> Draft:
     """A draft for ``model`` by short name: ``lookup`` (prompt lookup), ``exitN`` (raw early exit
-    at N layers, e.g. ``exit24``) or ``self`` (the target drafting for itself: always right)."""
+    at N layers, e.g. ``exit24``), ``self`` (the target drafting for itself: always right),
+    ``head`` (chapter 7's trained head; ``head@0.4`` stops a round below top probability 0.4)
+    or ``hybrid`` (prompt lookup where the context has a match, else the head; ``hybrid@0.4``)."""
     if name == "lookup":
         return PromptLookupDraft()
     if name.startswith("exit") and name[4:].isdigit():
@@ -233,7 +235,18 @@ def draft_from_name(model: torch.nn.Module, name: str) -> Draft:
         return ModelDraft(early_exit_model(model, layers), name=f"early exit ({layers} layers)")
     if name == "self":
         return ModelDraft(model, name="target as its own draft")
-    raise ValueError(f"unknown draft {name!r}: use lookup, self, or exitN (e.g. exit24)")
+    base, _, thr = name.partition("@")
+    if base in ("head", "hybrid"):
+        from .train_head import load_head
+
+        try:
+            threshold = float(thr) if thr else 0.0
+        except ValueError:
+            raise ValueError(f"bad threshold in {name!r}: use e.g. head@0.4") from None
+        head_draft = HeadDraft(load_head(model)[0], threshold)
+        return head_draft if base == "head" else HybridDraft(PromptLookupDraft(), head_draft,
+                                                            name=f"lookup, else {head_draft.name}")
+    raise ValueError(f"unknown draft {name!r}: use lookup, self, exitN (e.g. exit24), head, head@0.4 or hybrid")
 
 
 class HeadDraft(Draft):

@@ -63,6 +63,14 @@ class TrainConfig:
     init_from_last_layer: bool = True
     holdout: float = 0.08  # fraction of generated continuations kept out for evaluation
     eval_depth: int = 4
+    max_held_out: int = 0  # 0: every held-out prompt (quick runs evaluate on fewer)
+
+    @classmethod
+    def quick(cls, **overrides) -> "TrainConfig":
+        """A run of a minute or two that exercises every stage (tests, CI): tiny data, few steps."""
+        small = dict(max_prompts=12, new_tokens=24, teacher_chars=6000, epochs=2.0, depth=2, eval_depth=3,
+                     max_held_out=6, draft_vocab=2048)
+        return cls(**{**small, **overrides})
 
 
 @dataclass
@@ -517,8 +525,15 @@ def _load_seqs(path: Path) -> list[Sequence]:
 
 def data_key(cfg: TrainConfig, part: str) -> str:
     fields = {"generated": ("seed", "new_tokens", "max_prompts"), "teacher": ("seed", "teacher_chars", "doc_tokens"),
-              "held_out": ("new_tokens",)}[part]
+              "held_out": ("new_tokens", "max_held_out")}[part]
     return part + "-" + "-".join(f"{f}{getattr(cfg, f)}" for f in fields)
+
+
+def _held_out(cfg: TrainConfig):
+    from .corpus import held_out_prompts
+
+    prompts = held_out_prompts()
+    return prompts[:cfg.max_held_out] if cfg.max_held_out else prompts
 
 
 def build_data(target, tokenizer, cfg: TrainConfig, fingerprint: str, reuse: bool = True) -> tuple[dict, dict]:
@@ -543,7 +558,7 @@ def build_data(target, tokenizer, cfg: TrainConfig, fingerprint: str, reuse: boo
                 prompts = prompts[:cfg.max_prompts] if cfg.max_prompts else prompts
                 seqs = generate(target, tokenizer, prompts, cfg.new_tokens, cfg.gen_batch, "training data")
             elif part == "held_out":
-                seqs = generate(target, tokenizer, held_out_prompts(), cfg.new_tokens, cfg.gen_batch, "held-out data")
+                seqs = generate(target, tokenizer, _held_out(cfg), cfg.new_tokens, cfg.gen_batch, "held-out data")
             else:
                 seqs = features(target, teacher_docs(tokenizer, cfg.teacher_chars, cfg.doc_tokens, cfg.seed),
                                 "teacher", desc="teacher-forced features")
@@ -570,9 +585,7 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
     t0 = time.perf_counter()
     held = evaluate(head, data["held_out"], cfg.eval_depth)
     by_kind = {}
-    from .corpus import held_out_prompts
-
-    kinds = [p.kind for p in held_out_prompts()]
+    kinds = [p.kind for p in _held_out(cfg)]
     for kind in sorted(set(kinds)):
         sel = [s for s, k in zip(data["held_out"], kinds) if k == kind]
         by_kind[kind] = evaluate(head, sel, cfg.eval_depth)
