@@ -167,3 +167,41 @@ def cost_ratio(target: torch.nn.Module, draft: torch.nn.Module, context_len: int
     return {"c": float(med), "c_q1": float(q1), "c_q3": float(q3),
             "t_target": float(np.median(times["target"])), "t_draft": float(np.median(times["draft"])),
             "machine": machine_info()}
+
+
+@torch.inference_mode()
+def head_cost_ratio(target: torch.nn.Module, head, context_len: int = 64, repeats: int = 20, seed: int = 0) -> dict:
+    """c of chapter 7's draft head: one head step (a drafted token) / one 1-token target forward.
+
+    Both run after ``context_len`` cached positions (random tokens; features from the
+    target's own prefill), alternating, each rolled back after it is timed.
+    Returns ``{"t1": s, "head": s, "c": ratio}`` from the medians.
+    """
+    from transformers import DynamicCache
+
+    from .cache import forward_features
+    from .head import causal_mask
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.config.vocab_size, (context_len + 1,), generator=gen).tolist()
+    cache = new_cache(target)
+    _, feats = forward_features(target, ids[:-1], cache, logits_to_keep=1)
+    hcache = DynamicCache()
+    pred = head(feats[None, :-1], torch.tensor([ids[1:-1]]), torch.arange(context_len - 1)[None], None, hcache)[:, -1:]
+    t_target, t_head = [], []
+    for r in range(repeats + 2):
+        t0 = time.perf_counter()
+        forward(target, [ids[-1]], cache, logits_to_keep=1)
+        t1 = time.perf_counter()
+        rollback(cache, 1)
+        t2 = time.perf_counter()
+        out = head(pred, torch.tensor([[ids[-1]]]), torch.tensor([[context_len - 1]]),
+                   causal_mask(context_len - 1, 1), hcache)
+        int(head.logits(out[0, 0]).argmax())
+        t3 = time.perf_counter()
+        rollback(hcache, 1)
+        if r >= 2:
+            t_target.append(t1 - t0)
+            t_head.append(t3 - t2)
+    t1m, thm = float(np.median(t_target)), float(np.median(t_head))
+    return {"t1": t1m, "head": thm, "c": thm / t1m}

@@ -28,6 +28,7 @@ class RecordingDraft(Draft):
         super().__init__()
         self.inner = inner
         self.name = inner.name
+        self.uses_features = inner.uses_features  # a trained head still gets the target's features
         self.proposals: list[list[int]] = []
 
     def reset(self, eos_token_id: int | None = None) -> None:
@@ -43,6 +44,9 @@ class RecordingDraft(Draft):
 
     def update(self, ids: list[int], n_accepted: int) -> None:
         self.inner.update(ids, n_accepted)
+
+    def observe(self, features) -> None:
+        self.inner.observe(features)
 
 
 @dataclass

@@ -1,0 +1,142 @@
+"""Paired speedup of drafts on a list of prompts: choose settings on calibration prompts, report on others.
+
+Chapter 7 asks one question of a draft: on text it was not trained on, how much
+faster than plain greedy is it, with the draft's settings (k, a confidence
+threshold) chosen *before* the reported runs? :func:`paired_runs` times every
+(draft, setting) on every prompt between two plain-greedy runs of the same prompt
+(a noisy machine slows both alike) and checks each output against plain greedy;
+:func:`best_settings` picks, per kind of text, the setting with the highest
+median paired ratio on calibration prompts; :func:`report` gives the median and
+quartiles of the paired ratio on the report prompts, for those settings only.
+
+Definitions as in :mod:`specnb.sweep` (chapter 4): speedup = greedy time per token /
+speculative time per token, prefill excluded from both; a = accepted / verified drafts.
+Not covered: sampling mode (see :func:`sampled_speedup`), batches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .decode import greedy, sample, speculative_greedy, speculative_sample
+from .drafts import Draft, HeuristicK
+from .prompts import Prompt, encode
+from .sampling import SamplingParams
+from .sweep import _greedy_per_token, run_record
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One way to run a draft: ``k`` drafted tokens at most, and the +2/-1 schedule or not."""
+
+    draft: str  # a key of the drafts dict
+    k: int
+    schedule: bool = False  # transformers' +2/-1 heuristic (k is then the cap; it starts at 4 or k)
+
+    @property
+    def label(self) -> str:
+        return f"{self.draft}, k={self.k}" + (" (+2/-1)" if self.schedule else "")
+
+
+def _draft_for(drafts: dict[str, Draft], s: Setting) -> Draft:
+    d = drafts[s.draft]
+    return HeuristicK(d, min(4, s.k)) if s.schedule else d
+
+
+def paired_runs(model: torch.nn.Module, tokenizer, prompts: list[Prompt], drafts: dict[str, Draft],
+                settings: list[Setting], max_new_tokens: int, repeats: int = 1, progress: bool = True,
+                desc: str = "paired runs") -> list[dict]:
+    """Every setting on every prompt, ``repeats`` passes; each run paired with greedy before and after it.
+
+    Returns one record per run: kind, prompt index, repeat, setting label, the paired
+    speedup, whether the output equals plain greedy, and :func:`specnb.sweep.run_record`'s counts.
+    """
+    eos = tokenizer.eos_token_id
+    encoded = [encode(tokenizer, p) for p in prompts]
+    greedy(model, encoded[0], 4, eos)  # warm-up
+    out: list[dict] = []
+    bar = tqdm(total=repeats * len(prompts) * len(settings), desc=desc, disable=not progress)
+    for rep in range(repeats):
+        order = settings if rep % 2 == 0 else settings[::-1]
+        for pi, (prompt, ids) in enumerate(zip(prompts, encoded)):
+            before = greedy(model, ids, max_new_tokens, eos)
+            for s in order:
+                spec = speculative_greedy(model, _draft_for(drafts, s), ids, s.k, max_new_tokens, eos)
+                after = greedy(model, ids, max_new_tokens, eos)
+                g = (_greedy_per_token(before) + _greedy_per_token(after)) / 2
+                rec = run_record(spec, s.k)
+                rec.update(kind=prompt.kind, prompt=pi, repeat=rep, setting=s.label, draft=s.draft, k=s.k,
+                           schedule=s.schedule, identical=spec.tokens == before.tokens,
+                           greedy_per_token=g, speedup=g / ((spec.wall_time - spec.t_prefill) / len(spec.tokens)))
+                out.append(rec)
+                before = after
+                bar.update(1)
+    bar.close()
+    return out
+
+
+def summarize(records: list[dict], by: tuple[str, ...] = ("kind", "setting")) -> dict[tuple, dict]:
+    """Median and quartiles of the paired speedup, a, accepted/drafted and c, grouped by ``by``."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault(tuple(r[b] for b in by), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        s = np.array([r["speedup"] for r in rs])
+        attempts = sum(sum(r["attempts"]) for r in rs)
+        accepts = sum(sum(r["accepts"]) for r in rs)
+        drafted = sum(r["drafted"] for r in rs)
+        fwd = sum(r["draft_forwards"] for r in rs)
+        t_draft = sum(r["t_draft"] for r in rs)
+        g = np.mean([r["greedy_per_token"] for r in rs])
+        out[key] = {"runs": len(rs), "speedup": float(np.median(s)), "q1": float(np.quantile(s, 0.25)),
+                    "q3": float(np.quantile(s, 0.75)), "a": accepts / attempts if attempts else float("nan"),
+                    "accepted_per_drafted": sum(r["accepted"] for r in rs) / drafted if drafted else float("nan"),
+                    "tokens_per_round": sum(r["tokens"] for r in rs) / sum(r["rounds"] for r in rs),
+                    "c": (t_draft / fwd) / g if fwd else 0.0,
+                    "identical": sum(r["identical"] for r in rs)}
+    return out
+
+
+def best_settings(records: list[dict]) -> dict[str, str]:
+    """Per kind of text, the setting label with the highest median paired speedup in ``records``."""
+    rows = summarize(records)
+    best: dict[str, tuple[float, str]] = {}
+    for (kind, label), row in rows.items():
+        if kind not in best or row["speedup"] > best[kind][0]:
+            best[kind] = (row["speedup"], label)
+    return {kind: label for kind, (_, label) in best.items()}
+
+
+def position_acceptance(records: list[dict]) -> list[float]:
+    """a_i: accepted / verified at each draft position, pooled over ``records``."""
+    k = max(len(r["attempts"]) for r in records)
+    att, acc = np.zeros(k), np.zeros(k)
+    for r in records:
+        att[:len(r["attempts"])] += r["attempts"]
+        acc[:len(r["accepts"])] += r["accepts"]
+    return [float(a / t) if t else float("nan") for a, t in zip(acc, att)]
+
+
+def sampled_speedup(model: torch.nn.Module, tokenizer, prompts: list[Prompt], draft: Draft, k: int,
+                    params: SamplingParams, max_new_tokens: int, seeds: int = 1, progress: bool = True) -> list[dict]:
+    """Sampling mode: speculative sampling against plain sampling, paired per prompt and seed.
+
+    The outputs differ run by run (they are random); what must hold is their distribution,
+    which chapter 6's checks test. Each record has the paired speedup and acceptance.
+    """
+    eos = tokenizer.eos_token_id
+    out = []
+    for prompt in tqdm(prompts, desc="sampling", disable=not progress):
+        ids = encode(tokenizer, prompt)
+        for seed in range(seeds):
+            base = sample(model, ids, max_new_tokens, params, seed, eos)
+            spec = speculative_sample(model, draft, ids, k, max_new_tokens, params, seed, eos)
+            g = _greedy_per_token(base)
+            out.append({"kind": prompt.kind, "seed": seed, "speedup": g / ((spec.wall_time - spec.t_prefill)
+                                                                          / len(spec.tokens)),
+                        "a": spec.position_acceptance, "tokens_per_round": spec.tokens_per_round})
+    return out
