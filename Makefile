@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.specnb-installed
 
-.PHONY: book test model check bench sweep clean
+.PHONY: book test model check bench sweep draft clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ bench: model
 sweep: model
 	$(BIN)/python -m specnb sweep --out results/sweep.json
 	$(BIN)/python -m specnb plot results/sweep.json
+
+draft: model
+	$(BIN)/python -m specnb train-draft --fresh
 
 clean:
 	rm -rf _build
