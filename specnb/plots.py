@@ -166,3 +166,83 @@ def save_all(results: dict, out_dir: str | Path) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 7: the trained draft head
+
+
+def training_curve(card: dict):
+    """The committed head's loss curve and training agreement, labelled with the machine it was trained on."""
+    curve = card["loss_curve"]
+    steps = [r["step"] for r in curve]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.4))
+    ax.plot(steps, [r["ce"] for r in curve], label="cross-entropy (token)")
+    ax.plot(steps, [r["reg"] for r in curve], label="smooth-L1 (feature)")
+    ax.set_yscale("log")
+    ax.set_xlabel("optimizer step")
+    ax.set_title("training loss")
+    ax.legend()
+    depth = len(curve[0]["agree"])
+    for d in range(depth):
+        bx.plot(steps, [r["agree"][d] for r in curve], label=f"draft position {d + 1}")
+    bx.set_xlabel("optimizer step")
+    bx.set_ylabel("agreement with the target (training batch)")
+    bx.set_ylim(0, 1)
+    bx.legend()
+    m = card["machine"]
+    fig.suptitle(textwrap.fill(f"trained {card['created'][:16]} on {m['cpu']}, {m['cores']} cores "
+                               f"({m['torch_threads']} torch threads), torch {m['torch']}", 120), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def head_positions(before: dict, after: dict, title: str):
+    """Held-out acceptance by draft position (given the positions before it) of an untrained and the trained head."""
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    depth = len(after["conditional"])
+    x = np.arange(1, depth + 1)
+    for off, (label, ev) in zip((-0.2, 0.2), (("untrained", before), ("trained", after))):
+        vals = [v if v is not None else 0.0 for v in ev["conditional"]]
+        ax.bar(x + off, vals, width=0.4, label=label)
+    ax.set_xticks(x)
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("$a_i$: accepted / verified")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def calibration_grid(rows: dict, kinds, labels, title: str):
+    """Median paired speedup of every setting on the calibration prompts, one panel per kind."""
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4 * len(kinds), 0.35 * len(labels) + 1.6), sharey=True)
+    axes = np.atleast_1d(axes)
+    for ax, kind in zip(axes, kinds):
+        vals = [rows[(kind, lab)]["speedup"] if (kind, lab) in rows else np.nan for lab in labels]
+        ax.barh(range(len(labels)), vals, color=["tab:green" if v >= 1 else "tab:red" for v in vals])
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.set_title(kind)
+        ax.set_xlabel("paired speedup (median)")
+    axes[0].set_yticks(range(len(labels)))
+    axes[0].set_yticklabels(labels, fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def report_speedups(rows: dict, title: str):
+    """Median paired speedup with quartiles per (kind, draft setting) on the report prompts."""
+    keys = sorted(rows)
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(keys) + 1.4))
+    med = [rows[k]["speedup"] for k in keys]
+    err = np.array([[rows[k]["speedup"] - rows[k]["q1"] for k in keys], [rows[k]["q3"] - rows[k]["speedup"] for k in keys]])
+    ax.barh(range(len(keys)), med, xerr=err, color=["tab:green" if m >= 1 else "tab:red" for m in med])
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_yticks(range(len(keys)))
+    ax.set_yticklabels([f"{k[0]}: {k[1]}" for k in keys], fontsize=8)
+    ax.set_xlabel("speedup over plain greedy (median, quartiles)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig

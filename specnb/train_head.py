@@ -53,14 +53,15 @@ class TrainConfig:
     teacher_chars: int = 300_000  # characters of teacher-forced text (reference pages + stdlib code)
     doc_tokens: int = 512  # teacher documents are cut into windows of this many tokens
     draft_vocab: int = 8192  # V': the reduced draft vocabulary (most frequent target labels)
-    depth: int = 3  # chained passes in training (1: no training-time test)
+    depth: int = 1  # chained passes in training (1: no training-time test)
     reg_weight: float = 0.1  # weight of the feature regression next to the token cross-entropy
     epochs: float = 3.0
-    batch_tokens: int = 4096  # tokens per optimizer step
+    batch_tokens: int = 1024  # tokens per optimizer step
     seq_len: int = 256  # training windows
-    lr: float = 2e-3
-    warmup: int = 30
+    lr: float = 3e-3
+    warmup: int = 50
     init_from_last_layer: bool = True
+    init_fc_identity: bool = False  # start fc as [0 | I]: the layer first sees the target's own feature
     holdout: float = 0.08  # fraction of generated continuations kept out for evaluation
     eval_depth: int = 4
     max_held_out: int = 0  # 0: every held-out prompt (quick runs evaluate on fewer)
@@ -485,6 +486,12 @@ def new_head(target, vocab_ids: torch.Tensor, cfg: TrainConfig) -> DraftHead:
     head.vocab_ids.copy_(vocab_ids)
     if cfg.init_from_last_layer:
         head.init_from_target_layer(target)
+    if cfg.init_fc_identity:
+        H = head.cfg.hidden_size
+        with torch.no_grad():
+            head.fc.weight.zero_()
+            head.fc.weight[:, H:] = torch.eye(H)
+            head.fc.bias.zero_()
     return head.attach(target)
 
 
@@ -547,11 +554,13 @@ def build_data(target, tokenizer, cfg: TrainConfig, fingerprint: str, reuse: boo
     folder = head_dir() / "data" / fingerprint
     folder.mkdir(parents=True, exist_ok=True)
     data, seconds = {}, {}
+    data["reused"] = []
     for part in ("generated", "teacher", "held_out"):
         path = folder / f"{data_key(cfg, part)}.safetensors"
         t0 = time.perf_counter()
         if reuse and path.exists():
             data[part] = _load_seqs(path)
+            data["reused"].append(part)
         else:
             if part == "generated":
                 prompts = training_prompts(cfg.seed)
@@ -576,6 +585,7 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
     torch.manual_seed(cfg.seed)
     fp = target_fingerprint(target)
     data, seconds = build_data(target, tokenizer, cfg, fp, reuse_data)
+    reused = data.pop("reused")
     train_seqs = data["generated"] + data["teacher"]
     vocab_ids = draft_vocabulary(train_seqs, cfg.draft_vocab)
     head = new_head(target, vocab_ids, cfg)
@@ -611,8 +621,18 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
         "held_out_by_kind": by_kind,
         "train_agreement": train_eval,
         "seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "data_reused": reused,  # parts loaded from the specnb cache (their seconds are load times)
         "machine": machine_info(),
         "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
-    save_head(head, card, Path(out) if out else head_dir())
+    folder = save_head(head, card, Path(out) if out else head_dir())
+    export_training_ids(data["generated"], folder / "draft_train_ids.npz")
     return head, card
+
+
+def export_training_ids(seqs: list[Sequence], path: Path) -> Path:
+    """The generated training sequences' token ids (uint16) and lengths: what the 8-gram test checks."""
+    ids = torch.cat([s.tokens for s in seqs]).numpy()
+    assert ids.max() < 2**16, "token ids do not fit uint16"
+    np.savez_compressed(path, ids=ids.astype(np.uint16), lengths=np.array([len(s.tokens) for s in seqs]))
+    return path
