@@ -43,7 +43,7 @@ browser-test: $(STAMP)
 
 # JupyterLab on the notebooks, with the widget manager (ipywidgets sliders work).
 lab: model
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Rewrite the Colab install cell (first cell of each notebook) from _config.yml's repository.
 colab-cells: $(STAMP)
