@@ -230,7 +230,9 @@ def test_greedy_step_view_shows_rounds(site, browser_context):
         assert rounds >= 1 and tokens >= rounds
         target_tokens = view.locator("span[title=correction], span[title=bonus]").count() - 2   # minus the legend
         separators = view.locator("span", has_text=re.compile(r"^\|$")).count()
-        assert target_tokens == rounds and separators == rounds, (target_tokens, separators, rounds)
+        assert separators == rounds, (separators, rounds)
+        # Every round ends with the target's token, except a last round that stopped at an accepted EOS.
+        assert rounds - 1 <= target_tokens <= rounds, (target_tokens, rounds)
         assert view.locator("span[title=accepted]").count() >= 1
         assert view.is_visible()
         assert not problems, problems
