@@ -95,7 +95,7 @@ def _drop(cache, root: Path, doc: str) -> int:
     n = 0
     for rec in cache.list_cache_records():
         if Path(rec.uri).resolve() == path:
-            cache.remove_cache_record(rec.pk)
+            cache.remove_cache(rec.pk)
             n += 1
     return n
 
@@ -131,7 +131,7 @@ def builder_inited(app: Sphinx) -> None:
     cache_dir.mkdir(parents=True, exist_ok=True)
     cache = get_cache(str(cache_dir))
     state_file = cache_dir / STATE
-    state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    state = app.specnb_state = json.loads(state_file.read_text()) if state_file.exists() else {}
     fps = app.specnb_fps = fingerprints(root, app.specnb_quick)
     old = state.get("fingerprints", {})
     for doc, fp in fps.items():
@@ -154,7 +154,6 @@ def builder_inited(app: Sphinx) -> None:
             _drop(cache, root, up)
             app.specnb_forced.add(up)
             logger.info(f"[specnb] {up}: re-executing before {doc}, because {why}")
-    app.specnb_state = state
 
 
 def env_get_outdated(app: Sphinx, env, added, changed, removed) -> list[str]:
@@ -165,13 +164,25 @@ def env_get_outdated(app: Sphinx, env, added, changed, removed) -> list[str]:
     return sorted(d for d in redo if d in env.found_docs and d not in added and d not in changed)
 
 
+def _save_state(app: Sphinx) -> None:
+    (_cache_path(app) / STATE).write_text(json.dumps(app.specnb_state, indent=1))
+
+
 def doctree_read(app: Sphinx, doctree) -> None:
+    """A chapter was read (executed or taken from the cache): record the fingerprint it was made with.
+
+    Saved at once, so that a build that fails later (say, a claim's assert in another chapter)
+    keeps what it executed: the next build re-executes only what still needs it.
+    """
     env = app.env
     if not hasattr(env, "specnb_fps"):
         env.specnb_fps = {}
     fp = getattr(app, "specnb_fps", {}).get(env.docname)
     if fp is not None:
         env.specnb_fps[env.docname] = fp
+        if hasattr(app, "specnb_state"):
+            app.specnb_state.setdefault("fingerprints", {})[env.docname] = fp
+            _save_state(app)
 
 
 def html_page_context(app: Sphinx, pagename, templatename, context, doctree) -> None:
@@ -209,13 +220,12 @@ def build_finished(app: Sphinx, exc) -> None:
     mode = "quick" if getattr(app, "specnb_quick", False) else "full"
     if app.config.nb_execution_mode == "cache" and hasattr(app, "specnb_fps"):
         state = app.specnb_state
-        state["fingerprints"] = app.specnb_fps
         for doc, (up, output) in DEPENDS.items():
             row = next((r for r in rows if r["chapter"] == up), None)
             path = output(app.specnb_quick)
             if row is not None and row["executed"] == "now" and path.exists():
                 state.setdefault("outputs", {})[up] = {"path": str(path), "sha256": _sha(path.read_bytes())}
-        (_cache_path(app) / STATE).write_text(json.dumps(state, indent=1))
+        _save_state(app)
     total_now = sum(r["seconds"] or 0 for r in rows if r["executed"] == "now")
     lines = [f"Notebook execution ({mode} mode, cache {_cache_path(app)}):",
              f"  {'chapter':<40} {'executed':<20} {'seconds':>8}"]
