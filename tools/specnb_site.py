@@ -37,13 +37,13 @@ from sphinx.util import logging
 
 logger = logging.getLogger(__name__)
 
-# docname -> (upstream docname, function(quick) -> the file the upstream writes and the docname reads)
 def _sweep_results(quick: bool) -> Path:
     from specnb.sweep import book_results_path
 
     return book_results_path(quick)
 
 
+# docname -> (upstream docname, function(quick) -> the file the upstream writes and the docname reads)
 DEPENDS = {"notebooks/05_cost_model": ("notebooks/04_measured_sweep", _sweep_results)}
 REUSE_MAX_AGE_H = 11.0          # sweep.reuse_or_run reuses results younger than 12 h; keep a margin
 PACKAGE_INPUTS = ("specnb/**/*.py", "requirements.txt", "pyproject.toml")
