@@ -232,7 +232,7 @@ HELD_OUT: list[Prompt] = [
     Prompt("list", "Name eight rivers of Africa.", chat=True),
     Prompt("list", "Enumerate the steps to change a flat bicycle tyre.", chat=True),
     Prompt("list", "Monday, Tuesday, Wednesday, Thursday,"),
-    Prompt("list", "1, 2, 3, 4, 5, 6, 7, 8,"),
+    Prompt("list", "kiwi, plum, kiwi, plum, kiwi, plum, kiwi,"),
     Prompt("foreign", "Raconte-moi une petite histoire sur un renard et un corbeau.", chat=True),
     Prompt("foreign", "¿Cuáles son las ventajas de viajar en tren?", chat=True),
     Prompt("foreign", "Was sollte man bei einer Wanderung im Herbst mitnehmen?", chat=True),
