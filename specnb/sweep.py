@@ -114,12 +114,14 @@ def run_record(spec: DecodeResult, k: int) -> dict:
 
 
 def run_sweep(model: torch.nn.Module, tokenizer, config: SweepConfig = SweepConfig(), label: str = "",
-              progress: bool = True) -> dict:
+              progress: bool = True, rollback_mode: str = "exact") -> dict:
     """Measure every (draft, k, prompt, repeat) of ``config`` on ``model``; return the results dict.
 
     Per prompt and repeat: greedy, then for each draft its runs at every k
     followed by greedy again. The draft order rotates and the k order reverses
     between passes, so no configuration always runs first or last.
+    ``rollback_mode`` other than ``"exact"`` runs a deliberately broken loop
+    (:data:`specnb.decode.ROLLBACKS`): a negative control for the ``identical`` flag.
     """
     config.validate()
     started = _dt.datetime.now(_dt.timezone.utc)
@@ -145,7 +147,8 @@ def run_sweep(model: torch.nn.Module, tokenizer, config: SweepConfig = SweepConf
                 block = []
                 for k in ks:
                     bar.set_postfix_str(f"{kind} {name} k={k}")
-                    spec = speculative_greedy(model, drafts[name], ids, k, config.max_new_tokens, eos)
+                    spec = speculative_greedy(model, drafts[name], ids, k, config.max_new_tokens, eos,
+                                              rollback_mode=rollback_mode)
                     block.append((k, spec))
                     bar.update()
                 after = greedy(model, ids, config.max_new_tokens, eos)
@@ -270,6 +273,52 @@ def summarize(results: dict, pool_kinds: bool = True) -> list[Row]:
         rows.append(row)
     rows.sort(key=lambda r: (r.draft, r.kind, r.k))
     return rows
+
+
+def calibration_prompts(config: SweepConfig, kind: str, n: int = 1) -> list:
+    """``n`` prompts of ``kind`` that no run of ``config`` uses (the sweep takes the first ones of each kind)."""
+    used = max(config.prompts_per_kind, config.model_prompts_per_kind or 0)
+    prompts = by_kind(kind)[used: used + n]
+    if len(prompts) < n:
+        raise ValueError(f"only {len(by_kind(kind)) - used} prompts of kind {kind!r} are left after the "
+                         f"sweep's {used}; ask for fewer calibration prompts")
+    return prompts
+
+
+def calibrate_sweep(model: torch.nn.Module, tokenizer, results: dict, n_prompts: int = 1, c_repeats: int = 5,
+                    progress: bool = True) -> dict[tuple[str, str], "Calibration"]:
+    """Chapter 5's out-of-sample calibration: (draft, kind) -> :class:`specnb.calibration.Calibration`.
+
+    For every draft and kind of the sweep in ``results``: replay the draft at
+    each of its k on ``n_prompts`` prompts of that kind which the sweep never
+    ran (:func:`calibration_prompts`); a model draft's c comes from paired
+    1-token forwards (:func:`specnb.timing.cost_ratio`), T(1) from the results'
+    forward-time curve. Costs about one greedy run per calibration prompt.
+    """
+    from .calibration import calibrate
+    from .drafts import ModelDraft
+
+    config = SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["config"].items()})
+    t1 = results["curve"]["median"]["1"]
+    cals = {}
+    jobs = [(name, kind) for name in config.drafts for kind in config.kinds]
+    drafts = {name: draft_from_name(model, name) for name in config.drafts}
+    cs = {name: cost_ratio(model, d.model, context_len=config.context_len, repeats=c_repeats,
+                           progress=False)["c"] for name, d in drafts.items() if isinstance(d, ModelDraft)}
+    for name, kind in tqdm(jobs, desc="calibration", disable=not progress):
+        ids = [encode(tokenizer, p) for p in calibration_prompts(config, kind, n_prompts)]
+        cals[name, kind] = calibrate(model, tokenizer, drafts[name], ids, config.ks, config.max_new_tokens, t1,
+                                     cs.get(name))
+    return cals
+
+
+def predict_out_of_sample(rows: list[Row], cals: dict, verify: dict[int, float],
+                          key: str = "refined, out of sample") -> None:
+    """Set ``row.predicted[key]`` for every row from the calibration of its (draft, kind)."""
+    from .calibration import predict_speedup
+
+    for r in rows:
+        r.predicted[key] = predict_speedup(cals[r.draft, r.kind], r.k, verify)
 
 
 def prediction_errors(rows: list[Row], models=("simple", "refined", "naive")) -> dict[str, dict]:

@@ -97,3 +97,32 @@ def test_sweep_command_writes_json_then_plots(real, tmp_path, capsys):
     assert {"cpu", "cores", "torch", "transformers", "python"} <= set(results["machine"])
     assert cli.main(["plot", str(out)]) == 0  # default folder: next to the file
     assert len(list((tmp_path / "sweep_figures").glob("*.png"))) == 5
+
+
+@pytest.fixture(scope="module")
+def real_tokenizer():
+    from transformers import AutoTokenizer
+
+    from specnb.models import convert_offline_target
+
+    return AutoTokenizer.from_pretrained(convert_offline_target())
+
+
+@pytest.mark.parametrize("mode", ["exact", "skip-target"])
+def test_identical_flag_catches_a_broken_loop(real_tokenizer, mode):
+    # Negative control: the same sweep with a loop that never rolls the target cache back
+    # (chapter 3's bug) must be flagged not identical; the exact loop on the same runs must not.
+    from specnb.tiny import tiny_llama
+
+    model = tiny_llama(seed=3, vocab_size=len(real_tokenizer), context=512)
+    config = SweepConfig(drafts=("exit1",), ks=(2, 4), kinds=("prose", "grounded"), prompts_per_kind=1,
+                         max_new_tokens=12, repeats=1, curve_repeats=1, twins=())
+    runs = run_sweep(model, real_tokenizer, config, progress=False, rollback_mode=mode)["runs"]
+    rejected = sum(r["drafted"] - r["accepted"] for r in runs)
+    assert rejected > 0, "some drafts must be rejected, or the broken rollback has nothing to break"
+    identical = [r["identical"] for r in runs]
+    if mode == "exact":
+        assert all(identical)
+    else:
+        assert not all(identical), "the sweep's identical flag missed a loop that skips the rollback"
+        assert summarize({"runs": runs, "curve": {"median": {str(n): 1.0 for n in range(1, 6)}}})[0].identical < 2
