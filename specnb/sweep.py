@@ -114,7 +114,7 @@ def run_record(spec: DecodeResult, k: int) -> dict:
 
 
 def run_sweep(model: torch.nn.Module, tokenizer, config: SweepConfig = SweepConfig(), label: str = "",
-              progress: bool = True, rollback_mode: str = "exact") -> dict:
+              progress: bool = True, rollback_mode: str = "exact", drafts: dict | None = None) -> dict:
     """Measure every (draft, k, prompt, repeat) of ``config`` on ``model``; return the results dict.
 
     Per prompt and repeat: greedy, then for each draft its runs at every k
@@ -122,12 +122,14 @@ def run_sweep(model: torch.nn.Module, tokenizer, config: SweepConfig = SweepConf
     between passes, so no configuration always runs first or last.
     ``rollback_mode`` other than ``"exact"`` runs a deliberately broken loop
     (:data:`specnb.decode.ROLLBACKS`): a negative control for the ``identical`` flag.
+    ``drafts`` maps names in ``config.drafts`` to ready-made drafts (e.g. a hub
+    pair's draft model); other names go through :func:`specnb.drafts.draft_from_name`.
     """
     config.validate()
     started = _dt.datetime.now(_dt.timezone.utc)
     eos = tokenizer.eos_token_id
     prompts = [(kind, i, p) for kind in config.kinds for i, p in enumerate(by_kind(kind)[: config.prompts_per_kind])]
-    drafts = {name: draft_from_name(model, name) for name in config.drafts}
+    drafts = {name: (drafts or {}).get(name) or draft_from_name(model, name) for name in config.drafts}
     ns = list(range(1, max(config.ks) + 2))
     curve = forward_time_curve(model, ns=ns, context_len=config.context_len, repeats=config.curve_repeats,
                                progress=progress)
@@ -286,7 +288,7 @@ def calibration_prompts(config: SweepConfig, kind: str, n: int = 1) -> list:
 
 
 def calibrate_sweep(model: torch.nn.Module, tokenizer, results: dict, n_prompts: int = 1, c_repeats: int = 5,
-                    progress: bool = True) -> dict[tuple[str, str], "Calibration"]:
+                    progress: bool = True, drafts: dict | None = None) -> dict[tuple[str, str], "Calibration"]:
     """Chapter 5's out-of-sample calibration: (draft, kind) -> :class:`specnb.calibration.Calibration`.
 
     For every draft and kind of the sweep in ``results``: replay the draft at
@@ -294,6 +296,7 @@ def calibrate_sweep(model: torch.nn.Module, tokenizer, results: dict, n_prompts:
     ran (:func:`calibration_prompts`); a model draft's c comes from paired
     1-token forwards (:func:`specnb.timing.cost_ratio`), T(1) from the results'
     forward-time curve. Costs about one greedy run per calibration prompt.
+    ``drafts`` as in :func:`run_sweep`.
     """
     from .calibration import calibrate
     from .drafts import ModelDraft
@@ -302,7 +305,7 @@ def calibrate_sweep(model: torch.nn.Module, tokenizer, results: dict, n_prompts:
     t1 = results["curve"]["median"]["1"]
     cals = {}
     jobs = [(name, kind) for name in config.drafts for kind in config.kinds]
-    drafts = {name: draft_from_name(model, name) for name in config.drafts}
+    drafts = {name: (drafts or {}).get(name) or draft_from_name(model, name) for name in config.drafts}
     cs = {name: cost_ratio(model, d.model, context_len=config.context_len, repeats=c_repeats,
                            progress=False)["c"] for name, d in drafts.items() if isinstance(d, ModelDraft)}
     for name, kind in tqdm(jobs, desc="calibration", disable=not progress):
