@@ -343,10 +343,10 @@ def bench_table(model, tokenizer, drafts=("lookup-hf", "lookup", "exit24"), kind
     return best
 
 
-def table_markdown(rows: list[SideBySide]) -> str:
+def table_markdown(rows: list[SideBySide], k_label: str = "best k") -> str:
     """``specnb bench``'s table: draft x kind -> a, c, best k, speedup, the transformers ratio."""
     head = ("| draft | transformers method | kind | a specnb / transformers | accepted/drafted specnb / transformers "
-            "| c | best k | speedup specnb | speedup transformers | specnb / transformers tok/s | identical |")
+            f"| c | {k_label} | speedup specnb | speedup transformers | specnb / transformers tok/s | identical |")
     lines = [head, "|" + "---|" * 11]
     for r in rows:
         lines.append(f"| {r.draft} | {r.method} | {r.kind} | {r.a('specnb'):.2f} / {r.a('hf'):.2f} | "

@@ -335,6 +335,14 @@ def prediction_errors(rows: list[Row], models=("simple", "refined", "naive")) ->
     return out
 
 
+def errors_by(rows: list[Row], model: str, key) -> dict:
+    """Median |predicted / measured - 1| of ``model`` per group of rows, ``key(row)`` naming the group."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(abs(r.predicted[model] / r.speedup - 1))
+    return {name: float(np.median(v)) for name, v in groups.items()}
+
+
 def rows_markdown(rows: list[Row], columns=("acceptance_rate", "a", "tokens_per_round", "c", "speedup")) -> str:
     """A markdown table of rows (the book renders it; also readable as text)."""
     head = ["draft", "kind", "k"] + [c.replace("_", " ") for c in columns] + ["runs identical"]
