@@ -126,3 +126,24 @@ def test_identical_flag_catches_a_broken_loop(real_tokenizer, mode):
     else:
         assert not all(identical), "the sweep's identical flag missed a loop that skips the rollback"
         assert summarize({"runs": runs, "curve": {"median": {str(n): 1.0 for n in range(1, 6)}}})[0].identical < 2
+
+
+@pytest.mark.real
+def test_out_of_sample_calibration_uses_other_prompts(tiny_sweep, real):
+    from specnb.prompts import by_kind
+    from specnb.sweep import calibrate_sweep, calibration_prompts, errors_by, predict_out_of_sample
+
+    config = SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in tiny_sweep["config"].items()})
+    for kind in config.kinds:
+        cal = calibration_prompts(config, kind, 2)
+        assert not set(cal) & set(by_kind(kind)[: config.prompts_per_kind]), "calibration prompts must be unseen"
+    with pytest.raises(ValueError, match="prompts of kind 'prose' are left"):
+        calibration_prompts(config, "prose", 10)
+    cals = calibrate_sweep(real.model, real.tokenizer, tiny_sweep, n_prompts=1, c_repeats=2, progress=False)
+    assert set(cals) == {(d, kind) for d in ("lookup", "exit2") for kind in ("grounded", "prose")}
+    assert cals["exit2", "prose"].c > 0.02 and cals["lookup", "prose"].c is None
+    rows = [r for r in summarize(tiny_sweep) if r.kind != "all"]
+    predict_out_of_sample(rows, cals, verify_costs(tiny_sweep))
+    assert all(r.predicted["refined, out of sample"] > 0 for r in rows)
+    by = errors_by(rows, "refined, out of sample", key=lambda r: r.draft)
+    assert set(by) == {"lookup", "exit2"} and all(v >= 0 for v in by.values())
