@@ -199,12 +199,14 @@ def predict_speedup(cal: Calibration, k: int, verify: dict[int, float]) -> float
 
 @torch.inference_mode()
 def calibrate(target: torch.nn.Module, tokenizer, draft: Draft, prompt_ids: list[list[int]], ks, max_new_tokens: int,
-              t1: float, c: float | None = None) -> Calibration:
+              t1: float, c: float | None = None, greedy_tokens: list[list[int]] | None = None) -> Calibration:
     """Replay ``draft`` at every k of ``ks`` on the target's greedy text of each prompt in ``prompt_ids``.
 
     ``t1`` is T(1) in seconds (from the forward-time curve). ``c`` is the draft's
     cost ratio from a separate timing: required for a :class:`~specnb.drafts.ModelDraft`
     (it is replayed teacher-forced, so its replay time says nothing), ignored otherwise.
+    ``greedy_tokens``: the target's greedy output for each prompt, if already computed
+    (several drafts calibrated on the same prompts share it).
     """
     if isinstance(draft, ModelDraft) and c is None:
         raise ValueError("a model draft is replayed teacher-forced: pass its c, measured with "
@@ -212,8 +214,8 @@ def calibrate(target: torch.nn.Module, tokenizer, draft: Draft, prompt_ids: list
     eos = tokenizer.eos_token_id
     rounds: dict[int, list[tuple[int, int, float]]] = {k: [] for k in ks}
     tokens = 0
-    for ids in prompt_ids:
-        g = greedy(target, ids, max_new_tokens, eos).tokens
+    for i, ids in enumerate(prompt_ids):
+        g = greedy_tokens[i] if greedy_tokens is not None else greedy(target, ids, max_new_tokens, eos).tokens
         tokens += len(g)
         replayer = TeacherForcedDraft(draft.model, ids + g, draft.name) if isinstance(draft, ModelDraft) else draft
         for k in ks:

@@ -308,10 +308,12 @@ def calibrate_sweep(model: torch.nn.Module, tokenizer, results: dict, n_prompts:
     drafts = {name: (drafts or {}).get(name) or draft_from_name(model, name) for name in config.drafts}
     cs = {name: cost_ratio(model, d.model, context_len=config.context_len, repeats=c_repeats,
                            progress=False)["c"] for name, d in drafts.items() if isinstance(d, ModelDraft)}
+    ids = {kind: [encode(tokenizer, p) for p in calibration_prompts(config, kind, n_prompts)] for kind in config.kinds}
+    texts = {kind: [greedy(model, x, config.max_new_tokens, tokenizer.eos_token_id).tokens for x in ids[kind]]
+             for kind in config.kinds}  # the target's greedy text, once per prompt for all drafts
     for name, kind in tqdm(jobs, desc="calibration", disable=not progress):
-        ids = [encode(tokenizer, p) for p in calibration_prompts(config, kind, n_prompts)]
-        cals[name, kind] = calibrate(model, tokenizer, drafts[name], ids, config.ks, config.max_new_tokens, t1,
-                                     cs.get(name))
+        cals[name, kind] = calibrate(model, tokenizer, drafts[name], ids[kind], config.ks, config.max_new_tokens, t1,
+                                     cs.get(name), greedy_tokens=texts[kind])
     return cals
 
 
