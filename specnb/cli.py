@@ -2,8 +2,10 @@
 
 * ``prepare``: convert the offline model to safetensors once, and time a reload.
 * ``check``: exactness of speculative greedy against plain greedy on varied prompts.
-* ``bench``: specnb's greedy loop vs transformers ``generate``, and speculative vs
-  plain greedy, as ratios measured side by side.
+* ``bench``: specnb's greedy loop vs transformers ``generate``, then one table:
+  per draft and kind of text, specnb's loop against transformers' own speculative
+  decoding with the same draft (a, c, best k, speedups, tok/s ratio), every
+  output checked equal to plain greedy.
 * ``sweep``: the measured sweep of chapter 4 (acceptance, c, speedup over k, per
   draft and kind of text), written to a JSON file.
 * ``plot``: redraw every figure of chapter 4 from that file, without measuring.
@@ -62,24 +64,31 @@ def _check(args) -> int:
 
 
 def _bench(args) -> int:
-    from .bench import baseline_vs_generate, speculative_vs_greedy
-    from .drafts import PromptLookupDraft
+    from .bench import baseline_vs_generate, bench_table, table_markdown
     from .env import machine_line
     from .models import load_offline_target
-    from .prompts import PROMPTS, by_kind
+    from .prompts import PROMPTS
 
     target = load_offline_target()
-    print(f"{target.label}; {args.max_new_tokens} new tokens, {args.repeats} repeats")
+    print(f"{target.label}; {args.max_new_tokens} new tokens, {args.repeats} repeat(s)")
     print(machine_line())
     prompts = [p for p in PROMPTS if p.kind in ("code", "prose")][: args.prompts]
     base = baseline_vs_generate(target.model, target.tokenizer, prompts, args.max_new_tokens, args.repeats)
     print(base.summary())
-    if not args.skip_speculative:
-        for kind in ("grounded", "prose"):
-            timing = speculative_vs_greedy(target.model, target.tokenizer, PromptLookupDraft(),
-                                           by_kind(kind)[: args.prompts], args.k, args.max_new_tokens, args.repeats)
-            print(f"[{kind}] {timing.summary()}")
-    return 0
+    if args.skip_speculative:
+        return 0 if base.identical == base.runs else 1
+    try:
+        rows = bench_table(target.model, target.tokenizer, tuple(args.drafts), tuple(args.kinds), tuple(args.ks),
+                           args.prompts_per_kind, args.max_new_tokens, args.repeats)
+    except ValueError as err:
+        raise SystemExit(f"bench: {err}") from None
+    print("a = accepted / verified drafts; speedup = each loop over its own plain greedy (median of paired runs); "
+          "best k = specnb's best of " + ", ".join(map(str, args.ks)))
+    print(table_markdown(rows))
+    bad = sum(r.runs - r.identical for r in rows) + base.runs - base.identical
+    if bad:
+        print(f"{bad} runs differ from plain greedy: run `python -m specnb check`")
+    return 1 if bad else 0
 
 
 def _sweep(args) -> int:
@@ -193,12 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafts", nargs="+", default=["lookup", "exit24"], help="lookup, self, exitN")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.set_defaults(func=_check)
-    p = sub.add_parser("bench", help="tokens/s ratios measured side by side")
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--k", type=int, default=4, help="k for the speculative rows")
-    p.add_argument("--skip-speculative", action="store_true")
+    p = sub.add_parser("bench", help="side by side with transformers: draft x kind -> a, c, best k, speedup, ratio")
+    p.add_argument("--prompts", type=int, default=4, help="code and prose prompts for greedy vs generate")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--drafts", nargs="+", default=["lookup-hf", "lookup", "exit24"], help="lookup-hf, lookup, exitN")
+    p.add_argument("--kinds", nargs="+", default=["code", "prose", "grounded"])
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--prompts-per-kind", type=int, default=2)
+    p.add_argument("--skip-speculative", action="store_true", help="only specnb greedy vs generate")
     p.set_defaults(func=_bench)
     p = sub.add_parser("sweep", help="chapter 4: acceptance, c and speedup over k, per draft and kind, to JSON")
     p.add_argument("--out", default="results/sweep.json", help="results file (default results/sweep.json)")

@@ -168,6 +168,35 @@ def save_all(results: dict, out_dir: str | Path) -> list[Path]:
     return paths
 
 
+def error_table(errors: dict, models) -> str:
+    """Chapter 5's error table as markdown, from :func:`specnb.sweep.prediction_errors`."""
+    lines = ["| model | median abs error | mean abs error | max abs error | configurations within 10% |",
+             "|---|---|---|---|---|"]
+    for m in models:
+        e = errors[m]
+        lines.append(f"| {m} | {100 * e['median_abs']:.1f}% | {100 * e['mean_abs']:.1f}% | {100 * e['max_abs']:.0f}% | "
+                     f"{e['within_10pct']}/{e['rows']} |")
+    return "\n".join(lines)
+
+
+def hub_pairs_overlay(fig, measured: dict, model: str = "refined, out of sample"):
+    """Add the hub pairs of :func:`specnb.hubpairs.measure_hub_pairs` to a :func:`predicted_vs_measured`
+    figure (its last panel, ``model``'s) or a :func:`speedup_vs_k` figure (panels by kind): one marker per pair."""
+    axes = fig.axes
+    for j, (name, entry) in enumerate(measured.items()):
+        style = dict(marker="X", s=40, color=f"C{6 + j}", label=f"{name} (hub)")
+        rows = [r for r in entry["rows"] if r.kind != "all"]
+        if axes[-1].get_xlabel().startswith("measured"):
+            axes[-1].scatter([r.speedup for r in rows], [r.predicted[model] for r in rows], **style)
+        else:
+            for ax in axes:
+                sel = sorted((r for r in rows if r.kind == ax.get_title()), key=lambda r: r.k)
+                ax.plot([r.k for r in sel], [r.speedup for r in sel], marker="X", color=style["color"], linestyle="--",
+                        label=style["label"])
+    for ax in axes:
+        if ax.get_legend() is not None or ax is axes[-1]:
+            ax.legend(fontsize=7)
+
 # ---------------------------------------------------------------------------------------------
 # Chapter 7: the trained draft head
 

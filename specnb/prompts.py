@@ -61,8 +61,9 @@ PROMPTS: list[Prompt] = [
 
 
 def encode(tokenizer, prompt: Prompt) -> list[int]:
-    """Token ids of ``prompt`` (through the chat template when ``prompt.chat``)."""
-    if prompt.chat:
+    """Token ids of ``prompt`` (through the chat template when ``prompt.chat`` and the tokenizer has one;
+    a base model's tokenizer without a template, such as GPT-2's, gets the message as plain text)."""
+    if prompt.chat and getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt.text}]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):

@@ -114,18 +114,22 @@ def run_record(spec: DecodeResult, k: int) -> dict:
 
 
 def run_sweep(model: torch.nn.Module, tokenizer, config: SweepConfig = SweepConfig(), label: str = "",
-              progress: bool = True) -> dict:
+              progress: bool = True, rollback_mode: str = "exact", drafts: dict | None = None) -> dict:
     """Measure every (draft, k, prompt, repeat) of ``config`` on ``model``; return the results dict.
 
     Per prompt and repeat: greedy, then for each draft its runs at every k
     followed by greedy again. The draft order rotates and the k order reverses
     between passes, so no configuration always runs first or last.
+    ``rollback_mode`` other than ``"exact"`` runs a deliberately broken loop
+    (:data:`specnb.decode.ROLLBACKS`): a negative control for the ``identical`` flag.
+    ``drafts`` maps names in ``config.drafts`` to ready-made drafts (e.g. a hub
+    pair's draft model); other names go through :func:`specnb.drafts.draft_from_name`.
     """
     config.validate()
     started = _dt.datetime.now(_dt.timezone.utc)
     eos = tokenizer.eos_token_id
     prompts = [(kind, i, p) for kind in config.kinds for i, p in enumerate(by_kind(kind)[: config.prompts_per_kind])]
-    drafts = {name: draft_from_name(model, name) for name in config.drafts}
+    drafts = {name: (drafts or {}).get(name) or draft_from_name(model, name) for name in config.drafts}
     ns = list(range(1, max(config.ks) + 2))
     curve = forward_time_curve(model, ns=ns, context_len=config.context_len, repeats=config.curve_repeats,
                                progress=progress)
@@ -145,7 +149,8 @@ def run_sweep(model: torch.nn.Module, tokenizer, config: SweepConfig = SweepConf
                 block = []
                 for k in ks:
                     bar.set_postfix_str(f"{kind} {name} k={k}")
-                    spec = speculative_greedy(model, drafts[name], ids, k, config.max_new_tokens, eos)
+                    spec = speculative_greedy(model, drafts[name], ids, k, config.max_new_tokens, eos,
+                                              rollback_mode=rollback_mode)
                     block.append((k, spec))
                     bar.update()
                 after = greedy(model, ids, config.max_new_tokens, eos)
@@ -272,6 +277,55 @@ def summarize(results: dict, pool_kinds: bool = True) -> list[Row]:
     return rows
 
 
+def calibration_prompts(config: SweepConfig, kind: str, n: int = 1) -> list:
+    """``n`` prompts of ``kind`` that no run of ``config`` uses (the sweep takes the first ones of each kind)."""
+    used = max(config.prompts_per_kind, config.model_prompts_per_kind or 0)
+    prompts = by_kind(kind)[used: used + n]
+    if len(prompts) < n:
+        raise ValueError(f"only {len(by_kind(kind)) - used} prompts of kind {kind!r} are left after the "
+                         f"sweep's {used}; ask for fewer calibration prompts")
+    return prompts
+
+
+def calibrate_sweep(model: torch.nn.Module, tokenizer, results: dict, n_prompts: int = 1, c_repeats: int = 5,
+                    progress: bool = True, drafts: dict | None = None) -> dict[tuple[str, str], "Calibration"]:
+    """Chapter 5's out-of-sample calibration: (draft, kind) -> :class:`specnb.calibration.Calibration`.
+
+    For every draft and kind of the sweep in ``results``: replay the draft at
+    each of its k on ``n_prompts`` prompts of that kind which the sweep never
+    ran (:func:`calibration_prompts`); a model draft's c comes from paired
+    1-token forwards (:func:`specnb.timing.cost_ratio`), T(1) from the results'
+    forward-time curve. Costs about one greedy run per calibration prompt.
+    ``drafts`` as in :func:`run_sweep`.
+    """
+    from .calibration import calibrate
+    from .drafts import ModelDraft
+
+    config = SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["config"].items()})
+    t1 = results["curve"]["median"]["1"]
+    cals = {}
+    jobs = [(name, kind) for name in config.drafts for kind in config.kinds]
+    drafts = {name: (drafts or {}).get(name) or draft_from_name(model, name) for name in config.drafts}
+    cs = {name: cost_ratio(model, d.model, context_len=config.context_len, repeats=c_repeats,
+                           progress=False)["c"] for name, d in drafts.items() if isinstance(d, ModelDraft)}
+    ids = {kind: [encode(tokenizer, p) for p in calibration_prompts(config, kind, n_prompts)] for kind in config.kinds}
+    texts = {kind: [greedy(model, x, config.max_new_tokens, tokenizer.eos_token_id).tokens for x in ids[kind]]
+             for kind in config.kinds}  # the target's greedy text, once per prompt for all drafts
+    for name, kind in tqdm(jobs, desc="calibration", disable=not progress):
+        cals[name, kind] = calibrate(model, tokenizer, drafts[name], ids[kind], config.ks, config.max_new_tokens, t1,
+                                     cs.get(name), greedy_tokens=texts[kind])
+    return cals
+
+
+def predict_out_of_sample(rows: list[Row], cals: dict, verify: dict[int, float],
+                          key: str = "refined, out of sample") -> None:
+    """Set ``row.predicted[key]`` for every row from the calibration of its (draft, kind)."""
+    from .calibration import predict_speedup
+
+    for r in rows:
+        r.predicted[key] = predict_speedup(cals[r.draft, r.kind], r.k, verify)
+
+
 def prediction_errors(rows: list[Row], models=("simple", "refined", "naive")) -> dict[str, dict]:
     """Per model: relative errors (predicted / measured - 1) over rows, their median |error| and max |error|."""
     out = {}
@@ -281,6 +335,14 @@ def prediction_errors(rows: list[Row], models=("simple", "refined", "naive")) ->
                   "mean_abs": float(np.mean(np.abs(errs))), "max_abs": float(np.max(np.abs(errs))),
                   "within_10pct": int(np.sum(np.abs(errs) < 0.10)), "rows": len(errs)}
     return out
+
+
+def errors_by(rows: list[Row], model: str, key) -> dict:
+    """Median |predicted / measured - 1| of ``model`` per group of rows, ``key(row)`` naming the group."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(abs(r.predicted[model] / r.speedup - 1))
+    return {name: float(np.median(v)) for name, v in groups.items()}
 
 
 def rows_markdown(rows: list[Row], columns=("acceptance_rate", "a", "tokens_per_round", "c", "speedup")) -> str:

@@ -97,3 +97,53 @@ def test_sweep_command_writes_json_then_plots(real, tmp_path, capsys):
     assert {"cpu", "cores", "torch", "transformers", "python"} <= set(results["machine"])
     assert cli.main(["plot", str(out)]) == 0  # default folder: next to the file
     assert len(list((tmp_path / "sweep_figures").glob("*.png"))) == 5
+
+
+@pytest.fixture(scope="module")
+def real_tokenizer():
+    from transformers import AutoTokenizer
+
+    from specnb.models import convert_offline_target
+
+    return AutoTokenizer.from_pretrained(convert_offline_target())
+
+
+@pytest.mark.parametrize("mode", ["exact", "skip-target"])
+def test_identical_flag_catches_a_broken_loop(real_tokenizer, mode):
+    # Negative control: the same sweep with a loop that never rolls the target cache back
+    # (chapter 3's bug) must be flagged not identical; the exact loop on the same runs must not.
+    from specnb.tiny import tiny_llama
+
+    model = tiny_llama(seed=3, vocab_size=len(real_tokenizer), context=512)
+    config = SweepConfig(drafts=("exit1",), ks=(2, 4), kinds=("prose", "grounded"), prompts_per_kind=1,
+                         max_new_tokens=12, repeats=1, curve_repeats=1, twins=())
+    runs = run_sweep(model, real_tokenizer, config, progress=False, rollback_mode=mode)["runs"]
+    rejected = sum(r["drafted"] - r["accepted"] for r in runs)
+    assert rejected > 0, "some drafts must be rejected, or the broken rollback has nothing to break"
+    identical = [r["identical"] for r in runs]
+    if mode == "exact":
+        assert all(identical)
+    else:
+        assert not all(identical), "the sweep's identical flag missed a loop that skips the rollback"
+        assert summarize({"runs": runs, "curve": {"median": {str(n): 1.0 for n in range(1, 6)}}})[0].identical < 2
+
+
+@pytest.mark.real
+def test_out_of_sample_calibration_uses_other_prompts(tiny_sweep, real):
+    from specnb.prompts import by_kind
+    from specnb.sweep import calibrate_sweep, calibration_prompts, errors_by, predict_out_of_sample
+
+    config = SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in tiny_sweep["config"].items()})
+    for kind in config.kinds:
+        cal = calibration_prompts(config, kind, 2)
+        assert not set(cal) & set(by_kind(kind)[: config.prompts_per_kind]), "calibration prompts must be unseen"
+    with pytest.raises(ValueError, match="prompts of kind 'prose' are left"):
+        calibration_prompts(config, "prose", 10)
+    cals = calibrate_sweep(real.model, real.tokenizer, tiny_sweep, n_prompts=1, c_repeats=2, progress=False)
+    assert set(cals) == {(d, kind) for d in ("lookup", "exit2") for kind in ("grounded", "prose")}
+    assert cals["exit2", "prose"].c > 0.02 and cals["lookup", "prose"].c is None
+    rows = [r for r in summarize(tiny_sweep) if r.kind != "all"]
+    predict_out_of_sample(rows, cals, verify_costs(tiny_sweep))
+    assert all(r.predicted["refined, out of sample"] > 0 for r in rows)
+    by = errors_by(rows, "refined, out of sample", key=lambda r: r.draft)
+    assert set(by) == {"lookup", "exit2"} and all(v >= 0 for v in by.values())
