@@ -344,3 +344,36 @@ def test_end_to_end_prompt_lookup_one_hot_q(small):
                    lambda s: sample(tgt, prompt, 2, params, seed=s)):
         pairs = torch.tensor([a * V + b for a, b in (decode(s).tokens for s in range(runs))])
         assert chi_square_test(pairs, expected).p_value > ALPHA
+
+
+def test_scalar_alpha_condition_matches_enumeration():
+    """Chapter 6's proposition: scalar_alpha_is_exact(p, q) iff the scalar-alpha round emits p exactly.
+    Half the cases are built to satisfy both conditions (p/q constant above q, constant below), half are random;
+    both outcomes must occur, or the check would prove nothing."""
+    gen = torch.Generator().manual_seed(7)
+    outcomes = set()
+    for i in range(600):
+        V = int(torch.randint(2, 6, (), generator=gen))
+        q = torch.rand(V, generator=gen, dtype=F64)
+        if i % 3 == 0:
+            q[int(torch.randint(V, (), generator=gen))] = 0.0  # zeros in q where p may be > 0
+        q = q / q.sum()
+        if i % 2 == 0:  # p = r q on a set S, p = s q off it (r > 1 > s): both conditions hold
+            above = torch.rand(V, generator=gen) < 0.5
+            above[0], above[-1] = True, False
+            r = 1 + float(torch.rand((), generator=gen))
+            if float(q[above].sum()) * r >= 1 or float(q[~above].sum()) == 0:
+                continue
+            s = (1 - r * float(q[above].sum())) / float(q[~above].sum())
+            p = torch.where(above, r * q, s * q)
+        else:
+            p = torch.rand(V, generator=gen, dtype=F64)
+            p = p / p.sum()
+        out = exact.first_token_distribution(p, q, residual_fn=sampling.scalar_alpha_residual)
+        is_exact = exact.total_variation(out, p) < 1e-12
+        assert exact.scalar_alpha_is_exact(p, q) == is_exact, (p, q)
+        outcomes.add(is_exact)
+    assert outcomes == {True, False}
+    assert exact.scalar_alpha_is_exact(t(.4, .2, .4), t(.2, .1, .7))
+    assert not exact.scalar_alpha_is_exact(t(.5, .4, .1), t(.3, .2, .5))  # condition 2 alone fails
+    assert not exact.scalar_alpha_is_exact(t(.5, .3, .2), t(.2, .3, .5))  # condition 1 fails
