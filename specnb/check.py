@@ -3,7 +3,7 @@
 Runs plain greedy once per prompt, then speculative greedy for every draft and k,
 and compares. A mismatch is reported with its position, the two tokens, and the
 target's logit margin (top-1 minus top-2) there in each run: a tiny margin means a
-float near-tie between a 1-token and a (k+1)-token forward (brief, trap 3); a
+float near-tie between a 1-token and a (k+1)-token forward (chapter 2); a
 large one means a bug.
 
 Not covered: sampling (exactness in distribution is chapter 6).
@@ -66,8 +66,12 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def check_exactness(model, tokenizer, prompts: list[Prompt], drafts: list[Draft], ks=(1, 2, 4, 8),
-                    max_new_tokens: int = 32, progress: bool = True) -> CheckReport:
-    """Compare speculative greedy with plain greedy on every prompt, draft and k."""
+                    max_new_tokens: int = 32, progress: bool = True, rollback_mode: str = "exact") -> CheckReport:
+    """Compare speculative greedy with plain greedy on every prompt, draft and k.
+
+    ``rollback_mode`` is passed to :func:`specnb.decode.speculative_greedy`; anything but ``"exact"`` is a
+    deliberately broken loop, for negative controls: the check must then report mismatches.
+    """
     report = CheckReport()
     eos = tokenizer.eos_token_id
     jobs = len(prompts) * (1 + len(drafts) * len(ks))
@@ -79,7 +83,7 @@ def check_exactness(model, tokenizer, prompts: list[Prompt], drafts: list[Draft]
         for draft in drafts:
             for k in ks:
                 key = (draft.name, k)
-                spec = speculative_greedy(model, draft, ids, k, max_new_tokens, eos)
+                spec = speculative_greedy(model, draft, ids, k, max_new_tokens, eos, rollback_mode=rollback_mode)
                 report.total[key] = report.total.get(key, 0) + 1
                 report.acceptance.setdefault(key, []).append(spec.acceptance_rate)
                 pos = first_difference(base.tokens, spec.tokens)

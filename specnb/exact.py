@@ -110,3 +110,27 @@ def target_distribution(P: torch.Tensor, start: int, n_tokens: int) -> torch.Ten
 def total_variation(a: torch.Tensor, b: torch.Tensor) -> float:
     """``(1/2) sum |a - b|`` over all cells."""
     return 0.5 * float((a.to(DTYPE) - b.to(DTYPE)).abs().sum())
+
+
+def scalar_alpha_is_exact(p: torch.Tensor, q: torch.Tensor, tol: float = 1e-12) -> bool:
+    """When the scalar-alpha residual ``norm((p - alpha q)^+)`` still gives an exact round, ``p, q: (V,)``.
+
+    A drafted t is rejected only if ``p(t) < q(t)``, so ``alpha = p(t)/q(t) < 1``. The round is exact iff,
+    for every such t, ``(p - alpha q)^+`` is proportional to ``(p - q)^+``: no token x other than t has
+    ``alpha q(x) < p(x) <= q(x)``, and ``p(x)/q(x)`` is the same for every x with ``p(x) > q(x)``
+    (chapter 6 proves it). Float comparisons use ``tol``.
+    """
+    p, q = p.to(DTYPE), q.to(DTYPE)
+    above = p > q + tol  # S: the tokens the residual must refill
+    ratio = (p / q)[above]  # inf where q(x) = 0 < p(x)
+    if bool(torch.isinf(ratio).any()):
+        equal_ratios = bool(torch.isinf(ratio).all())
+    else:
+        equal_ratios = len(ratio) == 0 or float(ratio.max() - ratio.min()) <= 1e-9 * float(ratio.max())
+    for t in ((p < q - tol) & (q > 0)).nonzero().squeeze(-1).tolist():  # every draft that can be rejected
+        alpha = p[t] / q[t]
+        middle = (alpha * q < p - tol) & (p <= q + tol)
+        middle[t] = False
+        if bool(middle.any()) or not equal_ratios:
+            return False
+    return True

@@ -55,9 +55,9 @@ PAIRS: dict[str, PairSpec] = {
     OFFLINE_TARGET: PairSpec(OFFLINE_TARGET, None, "offline",
                              "SmolLM2-135M-Instruct, Q4_1 GGUF dequantized to float; drafts are built from it"),
     "smollm2-360m/135m": PairSpec("HuggingFaceTB/SmolLM2-360M", "HuggingFaceTB/SmolLM2-135M", "hub",
-                                  "same family; c about 0.49 in the brief's study"),
+                                  "same family; c = 0.486 in the SmolLM2/GPT-2 study (chapter 4)"),
     "gpt2-large/gpt2": PairSpec("openai-community/gpt2-large", "openai-community/gpt2", "hub",
-                                "c about 0.18 in the brief's study"),
+                                "c = 0.181 in the SmolLM2/GPT-2 study (chapter 4)"),
     "gpt2-large/distilgpt2": PairSpec("openai-community/gpt2-large", "distilbert/distilgpt2", "hub",
                                       "a deliberately bad draft"),
 }

@@ -1,4 +1,5 @@
-"""Figures of the measured sweep (chapter 4) and the cost model (chapter 5), drawn from a results dict.
+"""Every figure of the book: the measured sweep (chapter 4) and the cost model (chapter 5) from a results dict,
+and the figures of chapters 1, 2, 3, 5 and 6 from the numbers their notebooks measured.
 
 Every function takes the dict that :func:`specnb.sweep.run_sweep` returns (or
 :func:`specnb.sweep.load_results` reads back) and returns a matplotlib figure,
@@ -222,6 +223,36 @@ def training_curve(card: dict):
     m = card["machine"]
     fig.suptitle(textwrap.fill(f"trained {card['created'][:16]} on {m['cpu']}, {m['cores']} cores "
                                f"({m['torch_threads']} torch threads), torch {m['torch']}", 120), fontsize=9)
+
+# ---------------------------------------------------------------------------------------------------------------
+# Figures of chapters 1, 2, 3, 5 and 6 drawn from numbers the notebooks measured (one helper per figure).
+# They take plain arrays and dicts, not a results file, and return the figure; the notebooks glue it.
+
+
+def forward_time_curve(ns, ms: dict, context_len: int, machine: str):
+    """Chapter 1: T(n) in ms (median, quartiles, fastest) and T(n)/T(1) on log axes.
+    ``ms``: {"median", "q1", "q3", "min"} -> arrays over ``ns``."""
+    ns = np.asarray(ns)
+    t1 = ms["median"][0]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    err = [ms["median"] - ms["q1"], ms["q3"] - ms["median"]]
+    ax.errorbar(ns, ms["median"], yerr=err, fmt="o-", capsize=3, label="measured T(n), median and quartiles")
+    ax.plot(ns, ms["min"], "v", color="tab:blue", alpha=0.4, label="fastest of the repeats")
+    ax.plot(ns, np.full(len(ns), t1), "--", color="tab:green", label="if verify were free: T(n) = T(1)")
+    ax.plot(ns, ns * t1, ":", color="tab:red", label="linear: T(n) = n T(1)")
+    ax.set(xlabel="tokens in one forward, n", ylabel="time of one forward (ms)", title="T(n)",
+           ylim=(0, 1.3 * max(ms["median"].max(), 4 * t1)))
+    ax.legend(fontsize=8, loc="upper left")
+    bx.errorbar(ns, ms["median"] / t1, yerr=[e / t1 for e in err], fmt="o-", capsize=3, label="measured T(n) / T(1)")
+    bx.plot(ns, np.ones(len(ns)), "--", color="tab:green", label="free verify")
+    bx.plot(ns, ns, ":", color="tab:red", label="linear")
+    bx.set(xlabel="tokens in one forward, n", ylabel="cost in target forwards, T(n) / T(1)",
+           title="T(n) in units of T(1)", yscale="log", xscale="log")
+    bx.minorticks_off()
+    bx.set_xticks(list(ns), [str(n) for n in ns])
+    bx.set_yticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
+    bx.legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"One forward of SmolLM2-135M ({context_len} tokens cached): {machine}", fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -240,6 +271,22 @@ def head_positions(before: dict, after: dict, title: str):
     ax.set_ylim(0, 1)
     ax.set_title(title, fontsize=9)
     ax.legend()
+
+def decode_latency_hist(latencies_ms, paired_t1_ms, floor_ms: float, machine: str):
+    """Chapter 1: per-token latency of plain decoding, its paired T(1), and the memory-bandwidth floor (ms)."""
+    latencies_ms, paired_t1_ms = np.asarray(latencies_ms), np.asarray(paired_t1_ms)
+    decode_ms, t1_ms = float(np.median(latencies_ms)), float(np.median(paired_t1_ms))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    bins = np.linspace(0, 1.05 * max(latencies_ms.max(), paired_t1_ms.max()), 40)
+    ax.hist(latencies_ms, bins=bins, color="tab:blue", alpha=0.6, label=f"plain decoding, {len(latencies_ms)} tokens")
+    ax.hist(paired_t1_ms, bins=bins, color="tab:gray", alpha=0.5, label="T(1), paired with each step")
+    ax.axvline(decode_ms, color="tab:blue", label=f"decoding median {decode_ms:.0f} ms")
+    ax.axvline(t1_ms, color="black", linestyle="--", label=f"paired T(1) median {t1_ms:.0f} ms")
+    ax.axvline(floor_ms, color="tab:red", linestyle=":", label=f"bandwidth floor {floor_ms:.0f} ms")
+    ax.set(xlabel="time per forward (ms)", ylabel="forwards",
+           title=f"Per-token latency of plain greedy decoding\n{machine}")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -256,6 +303,140 @@ def calibration_grid(rows: dict, kinds, labels, title: str):
         ax.set_xlabel("paired speedup (median)")
     axes[0].set_yticks(range(len(labels)))
     axes[0].set_yticklabels(labels, fontsize=8)
+
+def tokens_per_round(views, k: int, draft_name: str):
+    """Chapter 2: accepted drafts and the target's token (correction or bonus) in each round of a run."""
+    fig, ax = plt.subplots(figsize=(9, 2.8))
+    r = np.arange(1, len(views) + 1)
+    acc = np.array([len(v.accepted) for v in views])
+    ax.bar(r, acc, color="#66bb6a", label="accepted drafts")
+    ax.bar(r, [1] * len(views), bottom=acc, color=["#42a5f5" if v.kind == "bonus" else "#ffa726" for v in views],
+           label="target token (orange: correction, blue: bonus)")
+    ax.axhline(k + 1, color="gray", linestyle=":", label=f"most a round can emit (k + 1 = {k + 1})")
+    ax.set(xlabel="round", ylabel="tokens emitted", title=f"Tokens per round, k = {k}, draft: {draft_name}")
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def stale_entries(rounds, diverges_at: int):
+    """Chapter 3: stale entries left in a never-cropped target cache, per generated token, up to a divergence."""
+    stale_at, count = [], 0
+    for stats in rounds:
+        stale_at += [count] * stats.emitted
+        count += stats.drafted - stats.accepted
+    fig, ax = plt.subplots(figsize=(8, 2.8))
+    ax.step(np.arange(len(stale_at)), stale_at, where="post", label="stale entries in the target cache (skip-target)")
+    ax.axvline(diverges_at, color="tab:red", linestyle="--", label=f"first divergence: token {diverges_at}")
+    ax.set(xlabel="generated token", ylabel="stale entries", title="Stale keys and values pile up until an argmax flips")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _speedup_map(ax, A, C, best_s, alpha: float = 1.0, linewidths: float = 1.0):
+    from matplotlib.colors import TwoSlopeNorm
+
+    im = ax.pcolormesh(C, A, best_s, cmap="RdYlGn", shading="nearest", norm=TwoSlopeNorm(vmin=0, vcenter=1, vmax=4),
+                       alpha=alpha)
+    cs = ax.contour(C, A, best_s, levels=[1, 1.5, 2, 3], colors="black", linewidths=linewidths)
+    ax.clabel(cs, fmt="%.1fx", fontsize=8)
+    return im
+
+
+def best_k_map(A, C, best_k, best_s, k_max: int = 16):
+    """Chapter 5: the simple model's best k (left) and its speedup (right) over the (a, c) plane.
+    ``best_k, best_s: (len(A), len(C))``."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.3))
+    im = ax.pcolormesh(C, A, best_k, cmap="viridis", shading="nearest", vmin=1, vmax=k_max)
+    fig.colorbar(im, ax=ax, label=f"best k (1..{k_max})")
+    ax.set(xlabel="c (draft cost / target cost)", ylabel="a (acceptance per verified draft)",
+           title="best k, simple model")
+    fig.colorbar(_speedup_map(bx, A, C, best_s), ax=bx, label="speedup at the best k")
+    for x in (ax, bx):
+        x.plot([0, 0.98], [0, 0.98], "w--", linewidth=1)
+    bx.set(xlabel="c (draft cost / target cost)", title="speedup at the best k (dashed: a = c)")
+    fig.tight_layout()
+    return fig
+
+
+def wrong_formula(a: float, c: float, k: int, measured: float, label: str):
+    """Chapter 5: the wrong formula (1 + ka)/(1 + ka c) and Leviathan's E/C against a, one measured point."""
+    from . import costmodel as cm
+
+    aa = np.linspace(0, 0.99, 100)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.plot(aa, cm.naive_speedup(aa, k, 1 / c), color="tab:red", label="(1 + ka)/(1 + ka c): wrong")
+    ax.plot(aa, cm.speedup(aa, c, k), color="tab:blue", label="Leviathan E/C, verify = 1")
+    ax.plot([a], [measured], "k*", ms=12, label=f"{label} ({measured}x)")
+    ax.axhline(1, color="black", linestyle=":")
+    ax.set(xlabel="a", ylabel="speedup (x)", title=f"c = {c}, k = {k}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def ac_map(A, C, best_s, offline: dict, hub: dict, production, machine: str):
+    """Chapter 5: drafts on the (a, c) plane over the simple model's best speedup.
+    ``offline``: label -> (a, c); ``hub``: label -> (a, c here, c of the study); ``production``: [(a, c, k)]."""
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig.colorbar(_speedup_map(ax, A, C, best_s, alpha=0.6, linewidths=0.8), ax=ax,
+                 label="simple model: speedup at the best k")
+    for name, (a_, c_) in offline.items():
+        ax.plot(c_, a_, "o", color="tab:blue", ms=8)
+        ax.annotate(name, (c_, a_), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    for name, (a_, c_here, c_study) in hub.items():
+        ax.plot(c_here, a_, "s", color="tab:purple", ms=8)
+        ax.plot(c_study, a_, "s", mfc="none", mec="tab:purple", ms=8)
+        ax.annotate(f"{name} (twins here / study)", (c_here, a_), textcoords="offset points", xytext=(6, -12),
+                    fontsize=8)
+    for a_, c_, _ in production:
+        ax.plot(c_, a_, "*", color="black", ms=12)
+        ax.annotate(f"production: a={a_}, c={c_}", (c_, a_), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.plot([0, 1], [0, 1], "k--", linewidth=0.8)
+    ax.set(xlabel="c (draft cost / target cost)", ylabel="a (acceptance per verified draft)", xlim=(-0.02, 1.05),
+           ylim=(0, 1), title="Drafts on the (a, c) map\n" + machine)
+    ax.title.set_fontsize(8)
+    fig.tight_layout()
+    return fig
+
+
+def residual_example(p, q, dists: dict):
+    """Chapter 6: the exact output distribution of one round for each residual rule, beside p and q."""
+    p, q = np.asarray(p), np.asarray(q)
+    V = len(p)
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    width = 0.8 / (len(dists) + 1)
+    xs = np.arange(V)
+    ax.bar(xs, p, width, color="black", label="target p")
+    for j, (name, dist) in enumerate(dists.items(), start=1):
+        ax.bar(xs + j * width, np.asarray(dist), width, label=name)
+    ax.bar(xs - width, q, width, color="lightgray", label="draft q")
+    fmt = lambda v: "(" + ",".join(f"{x:.1f}".lstrip("0") for x in v) + ")"
+    ax.set(xticks=xs + width, xticklabels=[f"token {i}" for i in range(V)], ylabel="probability",
+           title=f"One round, exact: p={fmt(p)}, q={fmt(q)}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def empirical_deviations(p, empirical: dict, correct: dict, n_samples: int, title: str, top: int = 25):
+    """Chapter 6: empirical frequency minus p on the ``top`` most likely tokens, one panel per rule.
+    ``empirical``: name -> {"tokens": (n,), "chi2": result}; ``correct``: name -> bool."""
+    import torch
+
+    order = p.argsort(descending=True)[:top]
+    pt = p[order].numpy()
+    sigma = np.sqrt(pt * (1 - pt) / n_samples)
+    fig, axes = plt.subplots(1, len(empirical), figsize=(15, 3.4), sharey=True, squeeze=False)
+    for ax, (name, e) in zip(axes[0], empirical.items()):
+        freq = torch.bincount(e["tokens"], minlength=len(p))[order].double().numpy() / n_samples
+        ax.fill_between(range(top), -3 * sigma, 3 * sigma, color="lightgray", label="±3 standard errors")
+        ax.bar(range(top), freq - pt, color="tab:green" if correct[name] else "tab:red")
+        ax.set(title=f"{name}\nchi2 p-value {e['chi2'].p_value:.2g}", xlabel=f"{top} most likely tokens under p")
+        ax.title.set_fontsize(8)
+    axes[0][0].set_ylabel("empirical frequency - p")
+    axes[0][0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
@@ -273,5 +454,24 @@ def report_speedups(rows: dict, title: str):
     ax.set_yticklabels([f"{k[0]}: {k[1]}" for k in keys], fontsize=8)
     ax.set_xlabel("speedup over plain greedy (median, quartiles)")
     ax.set_title(title, fontsize=9)
+
+def acceptance_vs_temperature(table: dict, drafts, temperatures, title: str, k: int):
+    """Chapter 6: measured acceptance per verified draft against temperature and against the mean overlap.
+    ``table``: (draft, T) -> {"acceptance", "overlap", "sd"}."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for d, color in zip(drafts, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
+        rows = [table[(d, T)] for T in temperatures]
+        ax.errorbar(temperatures, [r["acceptance"] for r in rows], yerr=[2 * r["sd"] for r in rows], fmt="o-",
+                    color=color, capsize=3, label=f"{d}: measured accepted / verified")
+        ax.plot(temperatures, [r["overlap"] for r in rows], "x--", color=color, label=f"{d}: mean sum min(p, q)")
+        bx.scatter([r["overlap"] for r in rows], [r["acceptance"] for r in rows], color=color, label=d)
+    ax.set(xlabel="temperature", ylabel="acceptance per verified draft", ylim=(0, 1),
+           title=f"Acceptance vs temperature (k = {k}, bars: 2 std. errors)")
+    bx.plot([0, 1], [0, 1], ":", color="gray", label="acceptance = overlap")
+    bx.set(xlabel="mean sum min(p, q) at verified positions", ylabel="measured acceptance", xlim=(0, 1), ylim=(0, 1),
+           title="Acceptance follows the overlap")
+    for x in (ax, bx):
+        x.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig

@@ -12,14 +12,15 @@ distribution t_i was drawn from), for i = 1..k in turn:
 3. if all k are accepted, emit a bonus token from ``p[k]``.
 
 The emitted tokens then have exactly the target's distribution, whatever q is,
-provided the draft really sampled from the q it reports (brief, trap 2).
+provided the draft really sampled from the q it reports (chapter 6 proves it).
 :func:`warp` turns logits into p or q (temperature, then top-k, then top-p), and
 the same call must be used for both.
 
 Negative controls, kept to show that the book's checks can fail (never use them):
 
 * :func:`scalar_alpha_residual`: ``(p - alpha q)^+`` with the scalar
-  ``alpha = min(1, p(t)/q(t))`` of the drafted token (brief, trap 1);
+  ``alpha = min(1, p(t)/q(t))`` of the drafted token, as an interactive explainer of
+  speculative decoding states the rule (chapter 6 shows exactly when it is biased);
 * :func:`resample_from_p`: resample the target's p after a rejection;
 * :func:`argmax_draft_softmax_report`: the draft picks its argmax but reports q;
 * :func:`q_before_warp`: the draft samples from the warped q but reports the

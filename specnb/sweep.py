@@ -16,7 +16,7 @@ It also measures, on this machine, the forward-time curve T(n) of the target
 
 Definitions used throughout (per configuration, summed over its runs):
 
-* acceptance rate: accepted / drafted tokens (what the brief's study reports);
+* acceptance rate: accepted / drafted tokens (what the study of the hub pairs reports);
 * a: accepted / verified drafts, a draft counting as verified when every draft
   before it in its round was accepted (Leviathan et al.'s per-token acceptance);
 * a_i, acceptance by position: P(draft i accepted | drafts 1..i-1 accepted);

@@ -1,4 +1,4 @@
-"""The cost models of chapter 5: formulas against brute force, the brief's figures, and the wrong formula."""
+"""The cost models of chapter 5: formulas against brute force, the study's figures, and the wrong formula."""
 import itertools
 
 import numpy as np
@@ -28,8 +28,8 @@ def test_expected_tokens_matches_enumeration(a, k):
     assert cm.expected_tokens_positional([a ** i for i in range(1, k + 1)]) == pytest.approx(cm.expected_tokens(a, k))
 
 
-def test_brief_figures():
-    # Production numbers (brief): c=0.14, a=0.75, k=4 -> 1.96x; c=0.05, a=0.8, k=4 -> 2.80x.
+def test_the_studys_production_figures():
+    # Production-style numbers of the SmolLM2/GPT-2 study: c=0.14, a=0.75, k=4 -> 1.96x; c=0.05, a=0.8, k=4 -> 2.80x.
     assert round(float(cm.speedup(0.75, 0.14, 4)), 2) == 1.96
     assert round(float(cm.speedup(0.8, 0.05, 4)), 2) == 2.80
     # SmolLM2 pair (a=0.477, c=0.486, k=4): Leviathan 0.63x, the wrong formula 1.51x.

@@ -13,7 +13,7 @@ def one_of_each():
     return [next(p for p in PROMPTS if p.kind == kind) for kind in KINDS]
 
 
-def test_offline_model_is_what_the_brief_says(real):
+def test_offline_model_is_what_the_book_says(real):
     cfg = real.model.config
     assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == ("llama", 30, 576, 49152)
     assert "GGUF dequantized" in real.label

@@ -55,7 +55,7 @@ def test_warp_temperature_top_k_top_p():
 
 # ---------------------------------------------------------------------------- exact enumeration
 
-def test_the_briefs_example_exactly():
+def test_the_worked_example_exactly():
     """p=(.5,.3,.2), q=(.2,.3,.5): the rule emits p; the scalar-alpha residual emits (.41,.39,.20)."""
     p, q = t(.5, .3, .2), t(.2, .3, .5)
     dist = {n: exact.first_token_distribution(p, q, residual_fn=VARIANTS[n].residual) for n in RESIDUAL_VARIANTS}
@@ -212,7 +212,7 @@ def test_speculative_round_code_matches_enumeration_and_catches_scalar_alpha():
     """The sampling code itself (not the maths): 4000 chained k = 2 runs, joint of 2 tokens, chi-square at 1%."""
     gen = torch.Generator().manual_seed(0)
     V = 3
-    P = t(.5, .3, .2).repeat(V, 1)  # the brief's example at every step
+    P = t(.5, .3, .2).repeat(V, 1)  # chapter 6's worked example at every step
     Q = t(.2, .3, .5).repeat(V, 1)
     expected = exact.target_distribution(P, 0, 2).flatten()
     for name in ("correct", "scalar-alpha residual"):
@@ -220,6 +220,27 @@ def test_speculative_round_code_matches_enumeration_and_catches_scalar_alpha():
                                                      for _ in range(4000))])
         p_value = chi_square_test(draws, expected).p_value
         assert (p_value > ALPHA) if name == "correct" else (p_value < 1e-6), (name, p_value)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_speculative_round_against_every_variant(name):
+    """speculative_round, the rule the decoder runs, fed by each variant's draft side and residual: 3000 chained
+    k = 2 runs on a warped Markov model (V = 3, temperature 0.7, top-k 2), chi-square at 1% on the joint of the
+    first two tokens. Every wrong variant is biased by at least 0.1 in exact TV here, so the test has power."""
+    gen = torch.Generator().manual_seed(2)
+    logits_p, logits_q = 1.5 * torch.randn(2, 3, 3, generator=gen, dtype=F64)
+    params = SamplingParams(0.7, top_k=2)
+    P = warp(logits_p, params)
+    v = VARIANTS[name]
+    q_draw, q_report = v.draft_q(logits_q, params)
+    expected = exact.target_distribution(P, 0, 2)
+    tv = exact.total_variation(exact.emitted_distribution(P, q_draw, 0, 2, 2, Q_report=q_report,
+                                                          residual_fn=v.residual), expected)
+    assert (tv < 1e-12) if v.correct else (tv > 0.1), (name, tv)
+    draws = torch.tensor([a * 3 + b for a, b in (markov_speculative(P, q_draw, q_report, 0, 2, 2, gen, v.residual)
+                                                 for _ in range(3000))])
+    p_value = chi_square_test(draws, expected.flatten()).p_value
+    assert (p_value > ALPHA) if v.correct else (p_value < ALPHA), (name, p_value)
 
 
 def test_vectorized_sampler_false_alarm_and_power():
@@ -323,3 +344,36 @@ def test_end_to_end_prompt_lookup_one_hot_q(small):
                    lambda s: sample(tgt, prompt, 2, params, seed=s)):
         pairs = torch.tensor([a * V + b for a, b in (decode(s).tokens for s in range(runs))])
         assert chi_square_test(pairs, expected).p_value > ALPHA
+
+
+def test_scalar_alpha_condition_matches_enumeration():
+    """Chapter 6's proposition: scalar_alpha_is_exact(p, q) iff the scalar-alpha round emits p exactly.
+    Half the cases are built to satisfy both conditions (p/q constant above q, constant below), half are random;
+    both outcomes must occur, or the check would prove nothing."""
+    gen = torch.Generator().manual_seed(7)
+    outcomes = set()
+    for i in range(600):
+        V = int(torch.randint(2, 6, (), generator=gen))
+        q = torch.rand(V, generator=gen, dtype=F64)
+        if i % 3 == 0:
+            q[int(torch.randint(V, (), generator=gen))] = 0.0  # zeros in q where p may be > 0
+        q = q / q.sum()
+        if i % 2 == 0:  # p = r q on a set S, p = s q off it (r > 1 > s): both conditions hold
+            above = torch.rand(V, generator=gen) < 0.5
+            above[0], above[-1] = True, False
+            r = 1 + float(torch.rand((), generator=gen))
+            if float(q[above].sum()) * r >= 1 or float(q[~above].sum()) == 0:
+                continue
+            s = (1 - r * float(q[above].sum())) / float(q[~above].sum())
+            p = torch.where(above, r * q, s * q)
+        else:
+            p = torch.rand(V, generator=gen, dtype=F64)
+            p = p / p.sum()
+        out = exact.first_token_distribution(p, q, residual_fn=sampling.scalar_alpha_residual)
+        is_exact = exact.total_variation(out, p) < 1e-12
+        assert exact.scalar_alpha_is_exact(p, q) == is_exact, (p, q)
+        outcomes.add(is_exact)
+    assert outcomes == {True, False}
+    assert exact.scalar_alpha_is_exact(t(.4, .2, .4), t(.2, .1, .7))
+    assert not exact.scalar_alpha_is_exact(t(.5, .4, .1), t(.3, .2, .5))  # condition 2 alone fails
+    assert not exact.scalar_alpha_is_exact(t(.5, .3, .2), t(.2, .3, .5))  # condition 1 fails

@@ -1,0 +1,34 @@
+"""specnb.check.check_exactness: passes the correct loop and catches a broken one (negative control)."""
+import pytest
+
+from specnb.check import check_exactness
+from specnb.drafts import ModelDraft
+from specnb.prompts import Prompt
+
+
+class IdTokenizer:
+    """Prompts are written as space-separated token ids; enough for check_exactness on tiny models."""
+
+    eos_token_id = None
+
+    def __call__(self, text):
+        return {"input_ids": [int(t) for t in text.split()]}
+
+
+@pytest.fixture(scope="module")
+def id_prompts(prompts):
+    return [Prompt("code", " ".join(map(str, ids))) for ids in prompts[1:]]
+
+
+@pytest.mark.parametrize("mode", ["exact", "skip-target", "one-too-few"])
+def test_check_exactness_passes_the_loop_and_catches_a_broken_rollback(target, noisy_draft_model, id_prompts, mode):
+    report = check_exactness(target, IdTokenizer(), id_prompts, [ModelDraft(noisy_draft_model)], ks=(2, 4),
+                             max_new_tokens=20, progress=False, rollback_mode=mode)
+    assert sum(report.total.values()) == 2 * len(id_prompts)
+    assert 0 < sum(sum(a) for a in report.acceptance.values()), "the draft must be right sometimes, or nothing rolls back"
+    if mode == "exact":
+        assert report.all_match and sum(report.matched.values()) == sum(report.total.values())
+    else:  # the same check must fail a loop that leaves rejected drafts in the target's cache
+        assert not report.all_match and report.mismatches
+        assert all(m.position is not None and m.position >= 0 for m in report.mismatches)
+        assert "MISMATCH" in report.table()
