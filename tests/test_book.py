@@ -32,8 +32,6 @@ def tracked_files() -> list[Path]:
 
 def _param(path: Path):
     rel = str(path.relative_to(ROOT))
-    if rel == "README.md":  # the README is the lead's to edit; strict: this fails as soon as it is fixed
-        return pytest.param(rel, marks=pytest.mark.xfail(strict=True, reason="README.md still cites it; see the report"))
     return rel
 
 
@@ -79,11 +77,7 @@ def _figures(path: Path):
     return md, glued, blocks
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="chapter 5's predicted-vs-measured figure (cells "
-                                                                  "owned by issue 10's prediction part) still uses "
-                                                                  "plt.show(); see the report"))
-    if p.name.startswith("05") else p for p in CHAPTERS], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
 def test_every_figure_has_a_numbered_caption(path):
     md, glued, blocks = _figures(path)
     names = {key: re.search(r":name:\s*(\S+)", opts) for key, opts in blocks}
