@@ -54,6 +54,7 @@ OWN = {Path(__file__).parent / "static" / "widgets-setup.js": "site/widgets-setu
 SKIP_SUFFIXES = (".map",)
 SKIP_NAMES = {"embed.js", "libembed-amd.js", "embed.js.LICENSE.txt"}   # only embed-amd.js is loaded
 STAMP = ".fetched"
+FONT_SUFFIXES = (".woff2", ".woff", ".ttf", ".eot", ".svg")
 
 
 def cache_dir() -> Path:
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dest", default="_build/vendor", help="where the site's static assets go")
     args = ap.parse_args(argv)
     dest = Path(args.dest)
-    want = "\n".join([f"{n}@{v} {h}" for n, v, h, _ in ASSETS] +
+    want = "\n".join(["fonts also under @jupyter-widgets/"] + [f"{n}@{v} {h}" for n, v, h, _ in ASSETS] +
                      [f"{dst} {hashlib.sha256(src.read_bytes()).hexdigest()}" for src, dst in OWN.items()])
     stamp = dest / STAMP
     if stamp.exists() and stamp.read_text() == want:
@@ -141,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     for src, dst in OWN.items():
         (dest / dst).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest / dst)
+    # The widget bundle's CSS asks for font-awesome's files relative to the bundle's public path,
+    # which on some pages resolves to _static/@jupyter-widgets/ instead of .../html-manager/dist/
+    # (seen by the browser test as 404s on chapter 8's page): serve them at both places.
+    fonts = dest / "@jupyter-widgets" / "html-manager" / "dist"
+    for f in fonts.iterdir():
+        if f.suffix in FONT_SUFFIXES:
+            shutil.copyfile(f, dest / "@jupyter-widgets" / f.name)
     stamp.write_text(want)
     return 0
 
