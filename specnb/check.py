@@ -38,6 +38,8 @@ class CheckReport:
     matched: dict = field(default_factory=dict)  # (draft, k) -> runs identical to greedy
     acceptance: dict = field(default_factory=dict)  # (draft, k) -> list of per-run acceptance rates
     mismatches: list[Mismatch] = field(default_factory=list)
+    prompts: int = 0
+    ended_by_eos: int = 0  # prompts whose plain greedy run stopped at EOS, not at max_new_tokens
 
     @property
     def all_match(self) -> bool:
@@ -79,6 +81,8 @@ def check_exactness(model, tokenizer, prompts: list[Prompt], drafts: list[Draft]
     for i, prompt in enumerate(prompts):
         ids = encode(tokenizer, prompt)
         base = greedy(model, ids, max_new_tokens, eos, record_margins=True)
+        report.prompts += 1
+        report.ended_by_eos += base.stop == "eos"
         bar.update()
         for draft in drafts:
             for k in ks:

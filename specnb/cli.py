@@ -1,4 +1,4 @@
-"""Command line: ``python -m specnb {prepare,check,bench,sweep,plot,info}``.
+"""Command line: ``python -m specnb {prepare,check,bench,sweep,plot,train-draft,profile-verify,info}``.
 
 * ``prepare``: convert the offline model to safetensors once, and time a reload.
 * ``check``: exactness of speculative greedy against plain greedy on varied prompts.
@@ -11,6 +11,7 @@
 * ``plot``: redraw every figure of chapter 4 from that file, without measuring.
 * ``train-draft``: train chapter 7's draft head (data, features, training, held-out
   agreement) into the specnb cache.
+* ``profile-verify``: where a verify forward's time goes (decoder body, LM head, top ops).
 * ``info``: the machine and library versions.
 """
 from __future__ import annotations
@@ -47,10 +48,10 @@ def _check(args) -> int:
     from .check import check_exactness
     from .env import machine_line
     from .models import load_offline_target
-    from .prompts import PROMPTS
+    from .corpus import check_prompts
 
     target = load_offline_target()
-    prompts = PROMPTS[: args.prompts]
+    prompts = check_prompts(args.prompts)
     drafts = _drafts(target.model, args.drafts)
     print(f"{target.label}; {len(prompts)} prompts "
           f"({', '.join(sorted({p.kind for p in prompts}))}), k in {args.k}, {args.max_new_tokens} new tokens")
@@ -59,7 +60,8 @@ def _check(args) -> int:
     print(report.table())
     total = sum(report.total.values())
     matched = sum(report.matched.values())
-    print(f"{matched}/{total} speculative runs identical to plain greedy")
+    print(f"{matched}/{total} speculative runs identical to plain greedy, on {report.prompts} prompts "
+          f"({report.ended_by_eos} of them ended with EOS before {args.max_new_tokens} tokens)")
     return 0 if report.all_match else 1
 
 
@@ -142,6 +144,7 @@ def _plot(args) -> int:
 
 def _train_draft(args) -> int:
     import json
+    from pathlib import Path
 
     import torch
 
@@ -177,7 +180,38 @@ def _train_draft(args) -> int:
     print("held-out chain survival by draft position: " + ", ".join(f"{a:.3f}" for a in held["chain"]))
     for kind, ev in card["held_out_by_kind"].items():
         print(f"  {kind:9s} position 1: {ev['agree'][0]:.3f} ({ev['positions']} positions)")
-    print(f"wrote {th.head_dir() if args.out is None else args.out}")
+    packaged = th.packaged_dir() / "draft_head.json"
+    out = th.head_dir() if args.out is None else args.out
+    if packaged.exists() and not args.quick and Path(out).resolve() != packaged.parent.resolve():
+        ref = json.loads(packaged.read_text())
+        if ref["data"]["held_out_sequences"] == card["data"]["held_out_sequences"]:
+            diff = max(abs(a - b) for a, b in zip(held["agree"], ref["held_out"]["agree"]))
+            print("committed head's card (specnb/data), same held-out prompts: "
+                  + ", ".join(f"{a:.3f}" for a in ref["held_out"]["agree"])
+                  + f"; largest difference {diff:.3f} (reproduced within 0.03: {diff <= 0.03})")
+    print(f"wrote {out}")
+    return 0
+
+
+def _profile_verify(args) -> int:
+    import torch
+
+    from .env import machine_line
+    from .models import load_offline_target
+    from .profile_verify import breakdown_table, op_table, verify_breakdown
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_offline_target()
+    print(f"{target.label}; {machine_line()}; torch threads {torch.get_num_threads()}")
+    b = verify_breakdown(target.model, args.n, repeats=args.repeats)
+    print(f"median ms per forward after 64 cached tokens ({args.repeats} interleaved repeats); "
+          "LM head = one product over all n rows, blocked = the same logits in blocks of vocabulary rows")
+    print(breakdown_table(b))
+    for n in (args.n[0], args.n[-1]):
+        print(f"\ntop operators by self CPU time, n = {n} (torch.profiler):")
+        for name, ms, share in op_table(target.model, n):
+            print(f"  {name:40s} {ms:8.2f} ms  {share:6.1%}")
     return 0
 
 
@@ -197,9 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="convert again even if cached")
     p.set_defaults(func=_prepare)
     p = sub.add_parser("check", help="speculative greedy == plain greedy, on the offline model")
-    p.add_argument("--prompts", type=int, default=22, help="how many of the built-in prompts (max 22)")
+    p.add_argument("--prompts", type=int, default=22,
+                   help="how many prompts: the 22 built-in ones first, then chapter 7's held-out ones, "
+                        "edge cases and training prompts (see specnb.corpus.check_prompts)")
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--drafts", nargs="+", default=["lookup", "exit24"], help="lookup, self, exitN")
+    p.add_argument("--drafts", nargs="+", default=["lookup", "exit24"],
+                   help="lookup, self, exitN, head, head@T (confidence threshold T), hybrid")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.set_defaults(func=_check)
     p = sub.add_parser("bench", help="side by side with transformers: draft x kind -> a, c, best k, speedup, ratio")
@@ -238,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
                       ("teacher-chars", int)):
         p.add_argument(f"--{key}", type=kind)
     p.set_defaults(func=_train_draft)
+    p = sub.add_parser("profile-verify", help="where a verify forward's time goes: decoder body, LM head, top ops")
+    p.add_argument("--n", type=int, nargs="+", default=[1, 2, 3, 5, 9], help="tokens per forward (first: baseline)")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.set_defaults(func=_profile_verify)
     p = sub.add_parser("info", help="machine and library versions")
     p.set_defaults(func=_info)
     args = parser.parse_args(argv)

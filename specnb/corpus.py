@@ -226,6 +226,15 @@ HELD_OUT: list[Prompt] = [
            "Children enter for free.\nThe cafe closes at five.", chat=True),
     Prompt("grounded", "Extract every date from this text as a list:\n\nThe contract was signed on 3 March 2021, "
            "renewed on 1 April 2022 and ended on 30 June 2023.", chat=True),
+    Prompt("grounded", "Turn this recipe into a numbered list of steps:\n\nWarm the milk until it steams, whisk "
+           "in two spoonfuls of cocoa and one of honey, pour it into a mug, and sprinkle cinnamon over the top.",
+           chat=True),
+    Prompt("grounded", "Rewrite this message so it says 'we' instead of 'I':\n\nI repaired the garden gate, I "
+           "painted the shed green, and I planted tulips along the fence before the frost came.", chat=True),
+    Prompt("grounded", "Copy this shopping list, adding the quantity 2 in front of each item:\n\ncarrots\nonions\n"
+           "lentils\ntomatoes\nrice\nspinach", chat=True),
+    Prompt("grounded", "Add type hints to this function and return it unchanged otherwise:\n\n"
+           "def greet(name, times):\n    for _ in range(times):\n        print('Hello, ' + name)\n", chat=True),
     # dialogue, lists, other languages, repetition, formats
     Prompt("dialogue", "My neighbour plays loud music late at night. How should I bring it up?", chat=True),
     Prompt("dialogue", "Shopkeeper: Good morning! Looking for anything special?\nVisitor:"),
@@ -247,3 +256,33 @@ HELD_OUT: list[Prompt] = [
 def held_out_prompts(kind: str | None = None) -> list[Prompt]:
     """The held-out prompts, optionally of one kind."""
     return [p for p in HELD_OUT if kind is None or p.kind == kind]
+
+
+# Edge cases for the exactness check: formats, scripts, repetition, and answers that end at once with EOS.
+EDGE_CASES: list[Prompt] = [
+    Prompt("code", "[\n  {\"id\": 1, \"tags\": [\"a\", \"b\"]},\n  {\"id\": 2, \"tags\": ["),
+    Prompt("code", "CREATE TABLE orders (\n  id INTEGER PRIMARY KEY,\n"),
+    Prompt("code", "<table>\n  <tr><th>Name</th><th>Age</th></tr>\n  <tr><td>"),
+    Prompt("code", "Return only valid JSON with the keys city and country for Lisbon.", chat=True),
+    Prompt("list", "a, b, a, b, a, b, a, b, a,"),
+    Prompt("list", "1 2 3 4 5 6 7 8 9 10 11 12"),
+    Prompt("list", "la la la la la la la la"),
+    Prompt("foreign", "東京は日本の首都です。大阪は"),
+    Prompt("foreign", "Москва — столица России. Санкт-Петербург"),
+    Prompt("foreign", "Ελλάδα είναι μια χώρα"),
+    Prompt("dialogue", "Reply with the single word: OK.", chat=True),
+    Prompt("dialogue", "Answer yes or no only: is ice cold?", chat=True),
+    Prompt("dialogue", "Output nothing but the number 7.", chat=True),
+]
+
+
+def check_prompts(n: int) -> list[Prompt]:
+    """``n`` prompts for ``specnb check``: the 22 built-in prompts first, then the held-out prompts,
+    the edge cases (JSON, SQL, HTML, other scripts, repetitive lists, one-word answers that end with
+    EOS at once), then training prompts, in that order."""
+    from .prompts import PROMPTS
+
+    pool = list(PROMPTS) + HELD_OUT + EDGE_CASES + training_prompts()
+    if not 1 <= n <= len(pool):
+        raise ValueError(f"--prompts must be between 1 and {len(pool)}, got {n}")
+    return pool[:n]

@@ -32,3 +32,31 @@ def test_check_exactness_passes_the_loop_and_catches_a_broken_rollback(target, n
         assert not report.all_match and report.mismatches
         assert all(m.position is not None and m.position >= 0 for m in report.mismatches)
         assert "MISMATCH" in report.table()
+
+
+def test_check_counts_the_prompts_that_end_with_eos(target, noisy_draft_model, id_prompts):
+    """The check reports how many prompts stop at EOS: runs that end early must match too."""
+    from specnb.decode import greedy
+
+    tok = IdTokenizer()
+    ids = tok(id_prompts[0].text)["input_ids"]
+    tok.eos_token_id = greedy(target, ids, 20, None).tokens[3]  # plain greedy then stops at its 4th token
+    report = check_exactness(target, tok, id_prompts[:1], [ModelDraft(noisy_draft_model)], ks=(1, 4),
+                             max_new_tokens=20, progress=False)
+    assert report.prompts == 1 and report.ended_by_eos == 1 and report.all_match
+
+
+def test_check_prompts_cover_formats_scripts_and_eos():
+    from collections import Counter
+
+    from specnb.corpus import check_prompts
+
+    prompts = check_prompts(100)
+    assert len(prompts) == 100 and len({p.text for p in prompts}) == 100
+    kinds = Counter(p.kind for p in prompts)
+    assert set(kinds) == {"code", "prose", "grounded", "list", "dialogue", "foreign"} and min(kinds.values()) >= 5
+    text = "\n".join(p.text for p in prompts)
+    for marker in ("{", "SELECT", "<html>", "東京", "Москва", "single word"):
+        assert marker in text, marker
+    with pytest.raises(ValueError, match="--prompts must be between 1 and"):
+        check_prompts(0)

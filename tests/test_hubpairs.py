@@ -52,6 +52,14 @@ for name, entry in hub.items():
     if "rows" in entry:
         out[name] = [dict(kind=r.kind, k=r.k, a=r.a, c=r.c, speedup=r.speedup, identical=r.identical, runs=r.runs,
                           oos=r.predicted.get("refined, out of sample")) for r in entry["rows"]]
+import matplotlib
+matplotlib.use("Agg")
+from specnb import plots
+measured = {name: entry for name, entry in hub.items() if "rows" in entry}
+fig = plots.speedup_vs_k(measured["smollm2-360m/135m"]["results"], measured["smollm2-360m/135m"]["rows"])
+plots.hub_pairs_overlay(fig, measured)   # chapter 4's figure: one dashed line per pair in each kind's panel
+out["overlay"] = {ax.get_title(): [[line.get_label(), len(line.get_xdata())] for line in ax.get_lines()
+                                   if "(hub)" in line.get_label()] for ax in fig.axes}
 print("JSON" + json.dumps(out))
 """
 
@@ -73,3 +81,5 @@ def test_hub_pairs_measured_from_a_local_cache_and_skipped_when_absent(hub_cache
         assert all(0 <= r["a"] <= 1 and r["c"] > 0 and r["speedup"] > 0 for r in rows)
         assert all(r["oos"] > 0 for r in rows if r["kind"] != "all")
         assert any(0 < r["a"] < 1 for r in rows), "the perturbed draft should be right only some of the time"
+    for kind in ("prose", "grounded"):   # chapter 4's speedup figure gets the measured pair in each kind's panel
+        assert out["overlay"][kind] == [["smollm2-360m/135m (hub)", 2]], out["overlay"]
