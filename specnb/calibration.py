@@ -63,6 +63,8 @@ class TeacherForcedDraft(Draft):
         self.sequence = list(sequence)
 
     def propose(self, ids: list[int], k: int) -> list[int]:
+        # Near the end of a text that stops at EOS it proposes fewer than k (it cannot know the draft
+        # model's tokens past the text); those would all come after a rejection, so acceptance is unchanged.
         if ids != self.sequence[:len(ids)]:
             raise ValueError("TeacherForcedDraft replays one sequence: ids must be a prefix of it")
         out = self.argmax[len(ids) - 1: len(ids) - 1 + k]
@@ -90,6 +92,7 @@ def replay(draft: Draft, prompt_ids: list[int], greedy_tokens: list[int], k: int
     greedy's (float32 here; chapter 2 counts near-ties in lower precision).
     """
     ids, out = list(prompt_ids), []
+    ended_by_eos = eos_token_id is not None and bool(greedy_tokens) and greedy_tokens[-1] == eos_token_id
     rec = Replayed([], [], [], 0)
     draft.reset(eos_token_id)
     while len(out) < max_new_tokens and len(out) < len(greedy_tokens):
@@ -100,12 +103,12 @@ def replay(draft: Draft, prompt_ids: list[int], greedy_tokens: list[int], k: int
         if eos_token_id is not None and eos_token_id in drafts:
             drafts = drafts[: drafts.index(eos_token_id) + 1]
         g = greedy_tokens[len(out): len(out) + len(drafts) + 1]  # 2. the target's choices, known
-        if len(g) < len(drafts) + 1:
+        if len(g) < len(drafts) + 1 and not ended_by_eos:
             raise ValueError("greedy_tokens ends before the budget: generate it with the same max_new_tokens")
-        n = 0
-        while n < len(drafts) and drafts[n] == g[n]:  # 3. longest agreeing prefix + the target's token
+        n = 0  # (greedy text that ends with EOS: the drafts disagree with it at or before its end)
+        while n < len(drafts) and n < len(g) and drafts[n] == g[n]:  # 3. longest agreeing prefix
             n += 1
-        new = drafts[:n] + [g[n]]
+        new = drafts[:n] + g[n:n + 1]  # + the target's token (none left when every draft, EOS included, matched)
         stop = eos_token_id is not None and eos_token_id in new
         if stop:
             new = new[: new.index(eos_token_id) + 1]

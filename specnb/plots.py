@@ -257,6 +257,28 @@ def forward_time_curve(ns, ms: dict, context_len: int, machine: str):
     return fig
 
 
+def verify_breakdown(b: dict, machine: str):
+    """Chapter 1: a forward of n tokens split into the decoder body and the LM head (one product, as the
+    model computes it, and blocked), beside the model's own forward and specnb's; ``b`` from
+    :func:`specnb.profile_verify.verify_breakdown`."""
+    ns, med = b["ns"], {p: np.array([b["median"][p][n] * 1e3 for n in b["ns"]]) for p in b["median"]}
+    x = np.arange(len(ns))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    ax.bar(x - 0.2, med["body"], width=0.36, color="tab:blue", label="decoder body")
+    ax.bar(x - 0.2, med["head"], width=0.36, bottom=med["body"], color="tab:orange", label="LM head, one product")
+    ax.bar(x + 0.2, med["body"], width=0.36, color="tab:blue", alpha=0.5)
+    ax.bar(x + 0.2, med["head_blocked"], width=0.36, bottom=med["body"], color="tab:green",
+           label="LM head, blocked (same logits)")
+    ax.plot(x - 0.2, med["full"], "k_", markersize=18, markeredgewidth=2, label="model's own forward")
+    ax.plot(x + 0.2, med["specnb"], "r_", markersize=18, markeredgewidth=2, label="specnb's forward")
+    ax.set_xticks(x, [str(n) for n in ns])
+    ax.set(xlabel="tokens in one forward, n (a verify of k drafts: n = k + 1)", ylabel="ms per forward")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(f"Where a forward's time goes (medians): {machine}", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def head_positions(before: dict, after: dict, title: str):
     """Held-out acceptance by draft position (given the positions before it) of an untrained and the trained head."""
     fig, ax = plt.subplots(figsize=(6, 3.4))

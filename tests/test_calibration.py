@@ -89,3 +89,32 @@ def test_calibrate_needs_c_for_a_model_draft(target, noisy_draft_model, prompts)
     assert set(cal.stats) == {1, 2} and cal.tokens == 16 and cal.prompts == 2
     assert cal.stats[2].draft_cost == pytest.approx(0.5 * 2 * 0 + 0.5 * sum(
         m * h for m, h in enumerate(cal.stats[2].drafted_hist)) / cal.stats[2].rounds)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_replay_of_a_greedy_text_that_ends_with_eos(target, noisy_draft_model, prompts, k):
+    """A calibration prompt whose greedy output stops at EOS before the budget (a regression: the
+    replay once refused it): rounds equal the real loop's, for a model draft and for prompt lookup,
+    including the draft that is always right and drafts the EOS itself."""
+    from specnb.decode import greedy
+
+    for ids in prompts[2:]:
+        eos = greedy(target, ids, N, None).tokens[5]
+        g = greedy(target, ids, N, eos).tokens
+        assert g[-1] == eos and len(g) < N
+        real = speculative_greedy(target, PromptLookupDraft(), ids, k, N, eos)
+        rep = replay(PromptLookupDraft(), ids, g, k, N, eos)
+        assert _rounds(real) == list(zip(rep.drafted, rep.accepted)) and rep.tokens == len(real.tokens) == len(g)
+        # A teacher-forced draft cannot know what the draft model would propose past the end of the text,
+        # so rounds that reach past it may draft fewer tokens (all past the first rejection); acceptance is the same.
+        real = speculative_greedy(target, ModelDraft(noisy_draft_model), ids, k, N, eos)
+        rep = replay(TeacherForcedDraft(noisy_draft_model, ids + g), ids, g, k, N, eos)
+        assert [r.accepted for r in real.rounds] == rep.accepted and rep.tokens == len(real.tokens) == len(g)
+        done = 0
+        for r, m in zip(real.rounds, rep.drafted):
+            assert m == r.drafted if done + r.drafted < len(g) else m <= r.drafted
+            done += r.accepted + 1
+        right = replay(TeacherForcedDraft(target, ids + g), ids, g, k, N, eos)
+        assert right.tokens == len(g) and all(m == n for m, n in zip(right.drafted, right.accepted))
+    with pytest.raises(ValueError, match="ends before the budget"):
+        replay(PromptLookupDraft(), prompts[2], greedy(target, prompts[2], N, None).tokens[:5], 2, N, None)
