@@ -223,6 +223,8 @@ def training_curve(card: dict):
     m = card["machine"]
     fig.suptitle(textwrap.fill(f"trained {card['created'][:16]} on {m['cpu']}, {m['cores']} cores "
                                f"({m['torch_threads']} torch threads), torch {m['torch']}", 120), fontsize=9)
+    fig.tight_layout()
+    return fig
 
 # ---------------------------------------------------------------------------------------------------------------
 # Figures of chapters 1, 2, 3, 5 and 6 drawn from numbers the notebooks measured (one helper per figure).
@@ -293,6 +295,8 @@ def head_positions(before: dict, after: dict, title: str):
     ax.set_ylim(0, 1)
     ax.set_title(title, fontsize=9)
     ax.legend()
+    fig.tight_layout()
+    return fig
 
 def decode_latency_hist(latencies_ms, paired_t1_ms, floor_ms: float, machine: str):
     """Chapter 1: per-token latency of plain decoding, its paired T(1), and the memory-bandwidth floor (ms)."""
@@ -325,6 +329,8 @@ def calibration_grid(rows: dict, kinds, labels, title: str):
         ax.set_xlabel("paired speedup (median)")
     axes[0].set_yticks(range(len(labels)))
     axes[0].set_yticklabels(labels, fontsize=8)
+    fig.tight_layout()
+    return fig
 
 def tokens_per_round(views, k: int, draft_name: str):
     """Chapter 2: accepted drafts and the target's token (correction or bonus) in each round of a run."""
@@ -476,6 +482,28 @@ def report_speedups(rows: dict, title: str):
     ax.set_yticklabels([f"{k[0]}: {k[1]}" for k in keys], fontsize=8)
     ax.set_xlabel("speedup over plain greedy (median, quartiles)")
     ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def split_half(records: list[dict], title: str):
+    """Chapter 7: the refined model's prediction against the measured speedup, each (kind, setting) predicted
+    from the other half of the calibration prompts (:func:`specnb.speedup.split_half_predictions`)."""
+    fig, ax = plt.subplots(figsize=(5.2, 4.2))
+    kinds = sorted({r["kind"] for r in records})
+    for j, kind in enumerate(kinds):
+        sel = [r for r in records if r["kind"] == kind]
+        ax.scatter([r["measured"] for r in sel], [r["predicted"] for r in sel], marker=MARKERS[j], label=kind)
+    values = [v for r in records for v in (r["measured"], r["predicted"])] or [1.0]
+    lo, hi = min(values + [1.0]) * 0.9, max(values + [1.0]) * 1.1
+    ax.plot([lo, hi], [lo, hi], ":", color="gray", label="predicted = measured")
+    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="gray", alpha=0.15, label="within 10%")
+    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="measured speedup (other half, median)", ylabel="predicted speedup")
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    return fig
+
 
 def acceptance_vs_temperature(table: dict, drafts, temperatures, title: str, k: int):
     """Chapter 6: measured acceptance per verified draft against temperature and against the mean overlap.

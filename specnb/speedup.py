@@ -140,3 +140,34 @@ def sampled_speedup(model: torch.nn.Module, tokenizer, prompts: list[Prompt], dr
                                                                           / len(spec.tokens)),
                         "a": spec.position_acceptance, "tokens_per_round": spec.tokens_per_round})
     return out
+
+
+def split_half_predictions(runs: list[dict], verify: dict[int, float], t1: float) -> list[dict]:
+    """The refined model judged out of sample on every (kind, setting) of calibration ``runs``.
+
+    For each kind with at least two prompts, its prompts are split in two halves; the
+    per-position acceptance and draft cost of one half's runs of a setting
+    (:meth:`specnb.calibration.Calibration.from_records`) predict the median paired
+    speedup measured on the other half's runs of that setting, and the other way round.
+    ``verify``: T(n)/T(1) from a separate timing; ``t1``: T(1) in seconds.
+
+    Returns one record per (kind, setting, predicted half): kind, setting, k, predicted,
+    measured, error = predicted / measured - 1.
+    """
+    from .calibration import Calibration, predict_speedup
+
+    out = []
+    for kind in sorted({r["kind"] for r in runs}):
+        prompts = sorted({r["prompt"] for r in runs if r["kind"] == kind})
+        if len(prompts) < 2:
+            continue
+        halves = (set(prompts[: len(prompts) // 2]), set(prompts[len(prompts) // 2:]))
+        for setting in sorted({r["setting"] for r in runs if r["kind"] == kind}):
+            rs = [r for r in runs if r["kind"] == kind and r["setting"] == setting]
+            for fit, held in (halves, halves[::-1]):
+                cal = Calibration.from_records(setting, [r for r in rs if r["prompt"] in fit], t1)
+                measured = float(np.median([r["speedup"] for r in rs if r["prompt"] in held]))
+                predicted = predict_speedup(cal, rs[0]["k"], verify)
+                out.append(dict(kind=kind, setting=setting, k=rs[0]["k"], predicted=predicted, measured=measured,
+                                error=predicted / measured - 1))
+    return out

@@ -123,6 +123,10 @@ def page_problems(page) -> list[str]:
     for src in page.evaluate("() => Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0))"
                              ".map(i => i.getAttribute('src'))"):
         problems.append(f"image not loaded: {src}")
+    for fid in page.evaluate("() => Array.from(document.querySelectorAll('figure[id]')).filter(f => !("
+                             "f.querySelector('img, canvas') || Array.from(f.querySelectorAll('svg'))"
+                             ".some(s => !s.closest('button')))).map(f => f.id)"):  # (copy buttons hold an svg)
+        problems.append(f"figure without an image: {fid}")  # e.g. a plot helper that returned None
     outputs = page.evaluate("() => Array.from(document.querySelectorAll('.cell_output, .output'))"
                             ".map(e => e.innerText).join('\\n')")
     if page.locator(".output.traceback, .output.error").count() or TRACEBACK.search(outputs):
@@ -255,6 +259,7 @@ BROKEN_EXPECT = {
     "script_error.html": "page error",
     "external.html": "external request (aborted)",
     "traceback.html": "Python error in an output",
+    "figure_none.html": "figure without an image",
 }
 
 

@@ -25,3 +25,17 @@ def test_trace_matches_the_run(target, noisy_draft_model, prompts):
     page = rounds_html(views, IdTokenizer())
     assert page.count('title="rejected"') == sum(v.rejected is not None for v in views) + 1  # + legend
     assert f"{len(views)} rounds" in page
+
+
+def test_every_plot_helper_returns_its_figure():
+    """A helper that draws a figure and returns None makes the book glue "None" under a numbered caption
+    (chapter 7's four figures once did); the browser test catches it on the page, this catches it here."""
+    import ast
+    import inspect
+
+    from specnb import plots
+
+    tree = ast.parse(inspect.getsource(plots))
+    silent = [f.name for f in tree.body if isinstance(f, ast.FunctionDef) and "subplots" in ast.unparse(f)
+              and not any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(f))]
+    assert not silent, f"plot helpers that do not return their figure: {silent}"
