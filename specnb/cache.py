@@ -81,14 +81,9 @@ def forward(model: torch.nn.Module, token_ids: list[int], cache, logits_to_keep:
     Returns ``logits: (n, vocab)`` where n = len(token_ids), or n = logits_to_keep
     when that is positive (only the last positions go through the LM head).
     The cache grows by len(token_ids) positions; positions are inferred from its length.
+    Which GEMM library runs the linear layers is the model's (:mod:`specnb.kernels`).
     """
     x = torch.tensor([token_ids], dtype=torch.long)  # (1, n)
-    rows = min(logits_to_keep, len(token_ids)) if logits_to_keep else len(token_ids)
-    if rows in LM_HEAD_BLOCKED_NS and type(model).__name__ in _PLAIN_HEAD_MODELS:
-        # a verify forward: the same logits as model(...), with the LM head blocked (lm_head_logits)
-        decoder, lm_head = _decoder_and_head(model)
-        hidden = decoder(input_ids=x, **{cache_keyword(decoder): cache, "use_cache": True}).last_hidden_state[0]
-        return lm_head_logits(lm_head, hidden[-rows:])
     kwargs = {cache_keyword(model): cache, "use_cache": True}
     if logits_to_keep and "logits_to_keep" in _forward_params(type(model)):
         kwargs["logits_to_keep"] = logits_to_keep
@@ -97,33 +92,6 @@ def forward(model: torch.nn.Module, token_ids: list[int], cache, logits_to_keep:
     if logits_to_keep:
         logits = logits[-logits_to_keep:]
     return logits
-
-
-# The LM head over n rows in blocks of vocabulary rows, for the n where one product was slower on
-# the 2-core CPUs this book is built on (`specnb profile-verify` prints both: at n = 5 and 9 the
-# blocked head took 6.4 and 7.1 ms against 9.5 and 14.5 ms; at n <= 3 and n = 17 one product won).
-LM_HEAD_BLOCK = 512  # vocabulary rows per block
-LM_HEAD_BLOCKED_NS = range(4, 13)
-# Causal LMs whose logits are exactly lm_head(last hidden state): no logit scaling or soft-capping.
-_PLAIN_HEAD_MODELS = {"LlamaForCausalLM", "GPT2LMHeadModel", "MistralForCausalLM", "Qwen2ForCausalLM"}
-
-
-def lm_head_logits(lm_head: torch.nn.Module, hidden: torch.Tensor, block: int | None = LM_HEAD_BLOCK,
-                   blocked_ns=LM_HEAD_BLOCKED_NS) -> torch.Tensor:
-    """``logits: (n, V)`` from ``hidden: (n, H)`` through a linear LM head: in blocks of ``block``
-    vocabulary rows when n is in ``blocked_ns``, else in one product (as the model's forward does).
-
-    Each logit is the same dot product either way (tests and `specnb profile-verify` check the
-    results are equal); only the kernel's traversal of the V x H weight changes.
-    """
-    weight, bias = lm_head.weight, lm_head.bias
-    if block is None or hidden.shape[0] not in blocked_ns or not isinstance(lm_head, torch.nn.Linear):
-        return lm_head(hidden)
-    out = torch.empty(hidden.shape[0], weight.shape[0], dtype=hidden.dtype)
-    for i in range(0, weight.shape[0], block):
-        out[:, i:i + block] = torch.nn.functional.linear(hidden, weight[i:i + block],
-                                                         None if bias is None else bias[i:i + block])
-    return out
 
 
 def _decoder_and_head(model: torch.nn.Module):
@@ -145,5 +113,5 @@ def forward_features(model: torch.nn.Module, token_ids: list[int], cache, logits
     x = torch.tensor([token_ids], dtype=torch.long)  # (1, n)
     out = decoder(input_ids=x, **{cache_keyword(decoder): cache, "use_cache": True})
     hidden = out.last_hidden_state[0]  # (n, H)
-    logits = lm_head_logits(lm_head, hidden[-logits_to_keep:] if logits_to_keep else hidden)
+    logits = lm_head(hidden[-logits_to_keep:] if logits_to_keep else hidden)
     return logits, hidden

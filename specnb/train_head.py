@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .kernels import kernels_of, use_kernels
 from .head import DraftHead, HeadConfig
 from .models import cache_dir
 from .prompts import encode
@@ -478,6 +479,8 @@ def load_head(target, folder: Path | None = None) -> tuple[DraftHead, dict]:
                                    "run `make draft` to retrain it") from None
     head.attach(target)
     head.eval()
+    if kernels_of(target) is not None:
+        use_kernels(head, kernels_of(target))  # the target's kernels: one backend per run
     return head, card
 
 

@@ -3,10 +3,25 @@ import pytest
 
 from specnb.decode import greedy, speculative_greedy
 from specnb.drafts import ModelDraft, PromptLookupDraft, early_exit_model
+from specnb.kernels import kernels_of, make, onednn_available, use_kernels
 from specnb.prompts import PROMPTS, encode
 
 pytestmark = pytest.mark.real
 KINDS = ["code", "prose", "dialogue", "list", "grounded"]
+# Every real-model equivalence test and negative control runs under each kernel backend
+# (specnb.kernels): MKL, oneDNN, and MKL below 4 rows with oneDNN from 4.
+BACKENDS = {"mkl": lambda: make("mkl"), "onednn": lambda: make("onednn"), "mixed": lambda: make("mixed", 4)}
+
+
+@pytest.fixture(params=list(BACKENDS))
+def real_on(request, real):
+    """The real model on one backend; the kernels it was loaded with are restored afterwards."""
+    if request.param != "mkl" and not onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    before = kernels_of(real.model)
+    use_kernels(real.model, BACKENDS[request.param]())
+    yield real
+    use_kernels(real.model, before)
 
 
 def one_of_each():
@@ -19,7 +34,8 @@ def test_offline_model_is_what_the_book_says(real):
     assert "GGUF dequantized" in real.label
 
 
-def test_speculative_equals_greedy_on_real_prompts(real):
+def test_speculative_equals_greedy_on_real_prompts(real_on):
+    real = real_on
     tok = real.tokenizer
     exit24 = ModelDraft(early_exit_model(real.model, 24), "early exit 24")
     accepted = 0
@@ -33,7 +49,8 @@ def test_speculative_equals_greedy_on_real_prompts(real):
     assert accepted > 0
 
 
-def test_negative_control_on_real_model(real):
+def test_negative_control_on_real_model(real_on):
+    real = real_on
     tok = real.tokenizer
     prompt = next(p for p in PROMPTS if p.kind == "grounded")
     ids = encode(tok, prompt)

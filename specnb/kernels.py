@@ -1,0 +1,298 @@
+"""Which GEMM library runs a model's linear layers, chosen by measurement (chapter 1).
+
+Almost all of a forward's arithmetic is ``x @ W^T`` with x of n rows (n = tokens fed, 1 for a
+decode step, k+1 for a verify forward). torch's default for float32 on x86 is MKL's GEMM; it
+re-reads and re-lays-out W for every call, and how its time grows with n depends on the CPU:
+
+* on an AMD EPYC (Zen 5) build machine, MKL 2024.2 took twice as long at n = 2 as at n = 1 for
+  every weight shape of the target, and T(n)/T(1) of the whole model was 1.48, 1.89, 1.45 for
+  n = 2, 3, 4;
+* on an Intel Xeon (Sapphire Rapids) build machine, MKL is fastest of all at n <= 3
+  (the 576x576 product: 13 us at n = 1, 9 us at n = 2) but jumps at n = 4 (36 us), and the
+  49152x576 LM head costs 3.1 ms at n = 1, 6.6 ms at n = 4 and 12.0 ms at n = 9.
+
+oneDNN with a weight reordered once into its own blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight`` + ``torch.ops.mkldnn._linear_pointwise``, what
+inductor emits for CPU linears) grows gently with n: on the Xeon the LM head takes 2.6, 3.5, 3.8
+and 5.0 ms at n = 1, 2, 4, 9. But each call has a fixed cost of about 10 us, so on the Xeon's small
+decoder matrices it loses at n <= 3 (576x576: 23 us against 13 us), and a 1-token forward of the
+target takes 40 ms through oneDNN against 33 ms through MKL.
+
+So this module offers three backends, and picks one by measuring the model at hand:
+
+* ``mkl``: the linear layers as transformers leaves them (torch's default BLAS);
+* ``onednn``: every linear layer through oneDNN with its weight prepacked once;
+* ``mixed``: MKL for forwards of fewer than ``onednn_from`` rows, oneDNN from there on; the
+  pointwise faster of the two curves where they cross once (as on the Xeon).
+
+``SPECNB_KERNELS=auto|mkl|onednn|mixed`` chooses (default ``auto``). ``auto`` times T(n) for
+n = 1..5 and 9 under MKL and oneDNN, interleaved on the same cache (a few seconds), takes
+oneDNN from the smallest n at which it is faster there and at every larger n measured, and
+caches the choice with its curves per machine, torch version and model shape in the specnb cache
+(``kernels.json``). Every backend is applied to the model as a whole, so plain greedy and
+speculative decoding on one model always run the same kernels; the label says which.
+
+Tried and not kept (measured on the Xeon, 2 cores, torch 2.13): ``torch.utils.mkldnn.to_mkldnn``
+(oneDNN without the blocked reorder; converts activations on every call: 576x576 at n = 2 took
+79 us against 9 us for MKL, the LM head 5.4 ms against 3.1 ms); MKL's packed GEMM
+(``torch.ops.mkl._mkl_linear`` with ``_mkl_reorder_linear_weight``): within 10% of plain MKL at every
+shape and n; the LM head computed in blocks of 512 vocabulary rows (specnb's earlier workaround for
+MKL's n = 4..12 jump): 9 ms at n = 9 against 5 ms through oneDNN, so it was removed.
+
+Not covered: quantized int8 kernels, GPUs (nothing here runs on CUDA tensors; they keep
+torch's defaults), and autograd through packed weights (a layer whose weight needs a gradient
+runs torch's own ``F.linear``, so training is unaffected). A weight changed in place after
+packing is repacked before its next use (its ``_version`` is checked on every call).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ENV = "SPECNB_KERNELS"
+CHOICES = ("auto", "mkl", "onednn", "mixed")
+NEVER = sys.maxsize  # onednn_from for pure MKL: no forward has that many rows
+AUTO_NS = (1, 2, 3, 4, 5, 9)  # the n that auto times: decode steps and verify forwards of k = 1..4, 8
+
+
+@dataclass
+class Kernels:
+    """The kernels one model runs: oneDNN for forwards of at least ``onednn_from`` rows, else MKL."""
+
+    backend: str  # "mkl", "onednn" or "mixed"
+    onednn_from: int  # rows from which a linear layer runs oneDNN (1: always; NEVER: never)
+    how: str = ""  # how it was chosen: "SPECNB_KERNELS=mkl", "auto (measured ...)", "fallback: ..."
+    curves: dict = field(default_factory=dict)  # auto's medians in ms: {"mkl": {n: ms}, "onednn": {n: ms}}
+
+    @property
+    def label(self) -> str:
+        """One short phrase for figure labels, JSON and ``specnb info``."""
+        if self.backend == "mixed":
+            return f"mixed kernels (MKL below {self.onednn_from} rows, oneDNN from {self.onednn_from})"
+        return {"mkl": "MKL kernels (torch default)", "onednn": "oneDNN kernels (prepacked)"}[self.backend]
+
+
+def onednn_available() -> bool:
+    """True when this torch build has oneDNN and its linear ops."""
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def make(backend: str, onednn_from: int | None = None, how: str = "") -> Kernels:
+    """A :class:`Kernels` for ``backend`` in mkl/onednn/mixed (mixed needs ``onednn_from`` >= 2).
+
+    Without oneDNN in this torch build, onednn and mixed fall back to mkl and ``how`` says so.
+    """
+    if backend not in CHOICES[1:]:
+        raise ValueError(f"unknown kernel backend {backend!r}; valid: {', '.join(CHOICES)}")
+    if backend != "mkl" and not onednn_available():
+        return Kernels("mkl", NEVER, f"fallback: this torch build has no oneDNN, {backend} -> mkl")
+    if backend == "mixed":
+        if onednn_from is None or onednn_from < 2:
+            raise ValueError(f"mixed kernels need onednn_from >= 2 (got {onednn_from}); use onednn for 1")
+        return Kernels("mixed", int(onednn_from), how)
+    return Kernels(backend, 1 if backend == "onednn" else NEVER, how)
+
+
+class KernelLinear(torch.nn.Linear):
+    """``nn.Linear`` whose forward runs oneDNN with a prepacked weight when its :class:`Kernels` say so.
+
+    ``x: (..., in_features) -> (..., out_features)``; rows = x.numel() / in_features. The dense
+    ``weight`` stays the Parameter (shared, not copied: tied weights stay tied); the packed copy
+    is made on first oneDNN use and remade whenever ``weight`` changed in place.
+    """
+
+    kernels: Kernels
+
+    @classmethod
+    def wrap(cls, linear: torch.nn.Linear, kernels: Kernels) -> "KernelLinear":
+        new = cls.__new__(cls)
+        torch.nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight, new.bias = linear.weight, linear.bias  # the same Parameter objects
+        new.kernels = kernels
+        new._packed, new._packed_version = None, -1
+        return new
+
+    def _pack(self) -> torch.Tensor:
+        w = self.weight.detach()
+        if self._packed is None or self._packed_version != w._version or self._packed.dtype != w.dtype:
+            with torch.inference_mode(False), torch.no_grad():
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+            self._packed_version = w._version
+        return self._packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.numel() < self.kernels.onednn_from * self.in_features or x.device.type != "cpu"
+                or (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))):
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self._pack(), self.bias, "none", [], "")
+
+
+_LAST: Kernels | None = None  # the kernels most recently applied in this process (for machine_info)
+
+
+def in_use() -> Kernels | None:
+    """The kernels most recently applied by :func:`use_kernels` in this process, or None."""
+    return _LAST
+
+
+def kernels_of(model: torch.nn.Module) -> Kernels | None:
+    """The kernels ``model`` runs (None: never passed through :func:`use_kernels`)."""
+    return getattr(model, "_specnb_kernels", None)
+
+
+def use_kernels(model: torch.nn.Module, backend: str | Kernels | None = None) -> Kernels:
+    """Run ``model``'s linear layers on ``backend`` (default: ``$SPECNB_KERNELS``, else auto).
+
+    Replaces every plain ``nn.Linear`` by a :class:`KernelLinear` sharing its parameters (once),
+    and points all of them at one :class:`Kernels`; calling again switches the whole model.
+    ``auto`` needs a transformers causal LM (it times forwards); for other modules (the chapter 7
+    head) pass the target's :class:`Kernels`. Returns the kernels now in use.
+    """
+    global _LAST
+    if isinstance(backend, Kernels):
+        kernels = backend
+    else:
+        name = (backend or os.environ.get(ENV) or "auto").strip().lower()
+        if name not in CHOICES:
+            raise ValueError(f"{ENV}={name!r} is not a kernel backend; valid: {', '.join(CHOICES)}")
+        if name == "auto":
+            kernels = choose_for(model)
+        elif name == "mixed":
+            kernels = choose_for(model, allowed=("mixed",))
+        else:
+            kernels = make(name, how=f"{ENV}={name}" if os.environ.get(ENV) else f"asked for {name}")
+    _install(model, kernels)
+    _LAST = kernels
+    return kernels
+
+
+def _install(model: torch.nn.Module, kernels: Kernels) -> None:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, KernelLinear):
+                child.kernels = kernels
+            elif type(child) is torch.nn.Linear:
+                setattr(parent, name, KernelLinear.wrap(child, kernels))
+    model._specnb_kernels = kernels
+
+
+# --- auto: measure both curves on the model at hand, once per machine -------------------------
+
+def _cache_file():
+    from .models import cache_dir
+
+    return cache_dir() / "kernels.json"
+
+
+def machine_key(model: torch.nn.Module) -> str:
+    """What the choice depends on: CPU, cores, torch threads, torch version, model shape and dtype."""
+    from .env import _cpu_model
+
+    cfg = model.config
+    shape = "x".join(str(getattr(cfg, a, "?")) for a in ("hidden_size", "intermediate_size",
+                                                         "num_hidden_layers", "vocab_size"))
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return (f"{_cpu_model()} | {os.cpu_count()} cores | {torch.get_num_threads()} threads | "
+            f"torch {torch.__version__} | {type(model).__name__} {shape} {dtype}")
+
+
+@torch.inference_mode()
+def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, repeats: int = 7,
+                   warmup: int = 2, seed: int = 0) -> dict:
+    """T(n) in ms (median) under MKL and under oneDNN, interleaved: ``{"mkl": {n: ms}, "onednn": {n: ms}}``.
+
+    One cache prefilled with ``context_len`` seeded random ids; each timing feeds n more ids with
+    logits at every position (as a verify forward does), then rolls the cache back. Backends and n
+    alternate inside each repeat, so a noisy machine's drift hits both alike. Leaves the model on
+    MKL; the caller installs its choice.
+    """
+    from .cache import forward, new_cache, rollback
+
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    context = torch.randint(0, vocab, (context_len,), generator=gen).tolist()
+    new = torch.randint(0, vocab, (max(ns),), generator=gen).tolist()
+    backends = {"mkl": make("mkl"), "onednn": make("onednn")}
+    times = {b: {n: [] for n in ns} for b in backends}
+    cache = new_cache(model)
+    _install(model, backends["mkl"])
+    forward(model, context, cache, logits_to_keep=1)
+    for r in range(warmup + repeats):
+        for b, kernels in backends.items():
+            _install(model, kernels)
+            for n in ns:
+                t0 = time.perf_counter()
+                forward(model, new[:n], cache)
+                dt = time.perf_counter() - t0
+                rollback(cache, n)
+                if r >= warmup:
+                    times[b][n].append(dt)
+    _install(model, backends["mkl"])
+    return {b: {n: float(np.median(t)) * 1e3 for n, t in per_n.items()} for b, per_n in times.items()}
+
+
+def decide(curves: dict, allowed=("mkl", "onednn", "mixed")) -> tuple[str, int]:
+    """``(backend, onednn_from)`` from measured curves: oneDNN from the smallest n at which it is
+    faster than MKL there and at every larger n measured (1: onednn; never: mkl; else mixed).
+    ``allowed=("mixed",)`` forces a threshold of at least 2."""
+    ns = sorted(curves["mkl"])
+    start = NEVER
+    for n in reversed(ns):
+        if curves["onednn"][n] < curves["mkl"][n]:
+            start = n
+        else:
+            break
+    if allowed == ("mixed",):
+        return "mixed", min(max(start, 2), max(ns)) if start != NEVER else max(ns)
+    if start == NEVER:
+        return "mkl", NEVER
+    return ("onednn", 1) if start == ns[0] else ("mixed", start)
+
+
+def choose_for(model: torch.nn.Module, allowed=("mkl", "onednn", "mixed"), remeasure: bool = False) -> Kernels:
+    """auto: the kernels for ``model`` on this machine, from the cache or measured now (and cached)."""
+    if not onednn_available():
+        return make("onednn")  # -> the mkl fallback, saying why
+    key = machine_key(model)
+    path = _cache_file()
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    entry = saved.get(key)
+    if entry is None or remeasure:
+        t0 = time.perf_counter()
+        print(f"specnb kernels: timing MKL and oneDNN on this machine once ({key}) ...", file=sys.stderr)
+        curves = measure_curves(model)
+        entry = {"curves": curves, "seconds": round(time.perf_counter() - t0, 1),
+                 "measured": time.strftime("%Y-%m-%d %H:%M")}
+        saved[key] = entry
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        tmp.write_text(json.dumps(saved, indent=1))
+        tmp.replace(path)
+    curves = {b: {int(n): ms for n, ms in c.items()} for b, c in entry["curves"].items()}
+    backend, start = decide(curves, allowed)
+    t = {b: ", ".join(f"{c[n]:.1f}" for n in sorted(c)) for b, c in curves.items()}
+    how = (f"auto, measured {entry['measured']}: T(n) for n = {', '.join(map(str, sorted(curves['mkl'])))} "
+           f"MKL {t['mkl']} ms, oneDNN {t['onednn']} ms")
+    return Kernels(backend, start, how, curves)
+
+
+def describe(kernels: Kernels | None) -> dict:
+    """JSON-ready record of the kernels (for result files and cards)."""
+    if kernels is None:
+        return {"backend": "not set (torch default)"}
+    d = asdict(kernels)
+    d["label"] = kernels.label
+    if d["onednn_from"] == NEVER:
+        d["onednn_from"] = None
+    return d

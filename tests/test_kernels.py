@@ -1,0 +1,164 @@
+"""specnb.kernels: the linear layers on MKL, oneDNN or both by rows; exactness under each; auto's choice."""
+import copy
+import json
+
+import pytest
+import torch
+
+from specnb import kernels
+from specnb.decode import greedy, speculative_greedy
+from specnb.drafts import ModelDraft, PromptLookupDraft
+from specnb.kernels import NEVER, KernelLinear, decide, kernels_of, make, use_kernels
+from specnb.tiny import perturbed_copy, tiny_llama
+
+pytestmark = pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN")
+
+BACKENDS = {"mkl": lambda: make("mkl"), "onednn": lambda: make("onednn"), "mixed": lambda: make("mixed", 3)}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A tiny target and a noisy draft of it, each on its own copy (kernels are switched per test)."""
+    target = tiny_llama(seed=0, vocab_size=96)
+    return target, perturbed_copy(target, noise=0.02, seed=1)
+
+
+def test_every_linear_is_wrapped_and_tied_weights_stay_tied():
+    model = tiny_llama(seed=0)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    use_kernels(model, make("onednn"))
+    assert sum(isinstance(m, KernelLinear) for m in model.modules()) == n_linear > 0
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert kernels_of(model).backend == "onednn"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
+def test_onednn_linear_matches_the_dense_product(rows):
+    lin = torch.nn.Linear(64, 200, bias=True)
+    x = torch.randn(1, rows, 64)
+    ref = lin(x)
+    k = KernelLinear.wrap(lin, make("onednn"))
+    with torch.inference_mode():
+        y = k(x)
+    assert y.shape == ref.shape
+    torch.testing.assert_close(y, ref.detach(), rtol=1e-5, atol=1e-5)
+    assert k._packed is not None  # it really ran oneDNN
+
+
+def test_mixed_routes_by_rows():
+    lin = KernelLinear.wrap(torch.nn.Linear(16, 8), make("mixed", 4))
+    with torch.inference_mode():
+        lin(torch.randn(1, 3, 16))
+        assert lin._packed is None  # 3 rows: MKL, nothing packed
+        lin(torch.randn(1, 4, 16))
+        assert lin._packed is not None  # 4 rows: oneDNN
+
+
+def test_a_weight_changed_in_place_is_repacked():
+    """A stale packed copy would silently keep the old weights: this catches it."""
+    lin = KernelLinear.wrap(torch.nn.Linear(32, 32, bias=False), make("onednn"))
+    x = torch.randn(2, 32)
+    with torch.inference_mode():
+        before = lin(x).clone()
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    with torch.inference_mode():
+        after = lin(x)
+    torch.testing.assert_close(after, 2 * before, rtol=1e-5, atol=1e-5)
+
+
+def test_training_runs_through_torch_and_gets_gradients():
+    lin = KernelLinear.wrap(torch.nn.Linear(8, 4), make("onednn"))
+    x = torch.randn(3, 8)
+    lin(x).sum().backward()
+    assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+    assert lin._packed is None  # the autograd path never touched oneDNN
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_speculative_equals_greedy_under_each_backend(pair, prompts, backend):
+    target, noisy = copy.deepcopy(pair[0]), copy.deepcopy(pair[1])
+    use_kernels(target, BACKENDS[backend]())
+    use_kernels(noisy, kernels_of(target))
+    partial = 0
+    for ids in prompts:
+        base = greedy(target, ids, 24).tokens
+        for draft, k in ((ModelDraft(noisy, "in between"), 3), (ModelDraft(target, "always right"), 4),
+                         (PromptLookupDraft(), 2)):
+            spec = speculative_greedy(target, draft, ids, k, 24)
+            assert spec.tokens == base, (backend, draft.name, k, ids)
+            partial += sum(0 < r.accepted < r.drafted for r in spec.rounds)
+    assert partial > 0  # the rollback path ran
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["skip-target", "one-too-few"])
+def test_broken_rollback_is_caught_under_each_backend(pair, prompts, backend, mode):
+    target, noisy = copy.deepcopy(pair[0]), copy.deepcopy(pair[1])
+    use_kernels(target, BACKENDS[backend]())
+    use_kernels(noisy, kernels_of(target))
+    caught = sum(speculative_greedy(target, ModelDraft(noisy), ids, 4, 24, rollback_mode=mode).tokens
+                 != greedy(target, ids, 24).tokens for ids in prompts)
+    assert caught > 0
+
+
+def test_unknown_backend_names_the_valid_ones(monkeypatch):
+    model = tiny_llama(seed=0)
+    monkeypatch.setenv(kernels.ENV, "fastest")
+    with pytest.raises(ValueError, match="auto, mkl, onednn, mixed"):
+        use_kernels(model)
+    with pytest.raises(ValueError, match="valid"):
+        make("blas")
+
+
+def test_without_onednn_it_falls_back_to_mkl_and_says_so(monkeypatch):
+    monkeypatch.setattr(kernels, "onednn_available", lambda: False)
+    k = make("onednn")
+    assert k.backend == "mkl" and k.onednn_from == NEVER and "no oneDNN" in k.how
+    assert kernels.choose_for(tiny_llama(seed=0)).backend == "mkl"
+
+
+@pytest.mark.parametrize("curves, expected", [
+    ({"mkl": {1: 30, 2: 31, 4: 45, 9: 60}, "onednn": {1: 40, 2: 41, 4: 42, 9: 50}}, ("mixed", 4)),
+    ({"mkl": {1: 36, 2: 54, 4: 53, 9: 70}, "onednn": {1: 28, 2: 33, 4: 34, 9: 38}}, ("onednn", 1)),
+    ({"mkl": {1: 30, 2: 31, 4: 32, 9: 40}, "onednn": {1: 40, 2: 41, 4: 42, 9: 50}}, ("mkl", NEVER)),
+    # oneDNN faster at n = 2 only, then slower again: not a single crossing, so not from 2
+    ({"mkl": {1: 30, 2: 45, 4: 40, 9: 60}, "onednn": {1: 40, 2: 41, 4: 42, 9: 50}}, ("mixed", 9)),
+])
+def test_decide_takes_onednn_from_the_crossing(curves, expected):
+    assert decide(curves) == expected
+
+
+def test_auto_measures_once_and_caches_per_machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECNB_CACHE", str(tmp_path))
+    calls = []
+    fake = {"mkl": {1: 30.0, 2: 31.0, 4: 45.0}, "onednn": {1: 40.0, 2: 41.0, 4: 42.0}}
+    monkeypatch.setattr(kernels, "measure_curves", lambda model: calls.append(1) or fake)
+    model = tiny_llama(seed=0)
+    first = kernels.choose_for(model)
+    second = kernels.choose_for(model)
+    assert calls == [1]
+    assert (first.backend, first.onednn_from) == (second.backend, second.onednn_from) == ("mixed", 4)
+    saved = json.loads((tmp_path / "kernels.json").read_text())
+    assert list(saved) == [kernels.machine_key(model)] and "torch" in kernels.machine_key(model)
+    assert "auto" in first.how and "MKL 30.0" in first.how
+
+
+def test_measure_curves_on_a_tiny_model_leaves_it_on_mkl():
+    model = tiny_llama(seed=0)
+    use_kernels(model, make("onednn"))
+    curves = kernels.measure_curves(model, ns=(1, 3), repeats=2, warmup=1)
+    assert set(curves) == {"mkl", "onednn"} and set(curves["mkl"]) == {1, 3}
+    assert all(ms > 0 for c in curves.values() for ms in c.values())
+
+
+def test_the_backend_is_named_where_results_are_written():
+    from specnb.env import machine_info, machine_line
+
+    model = tiny_llama(seed=0)
+    k = use_kernels(model, make("mixed", 4))
+    assert machine_info()["kernels"] == k.label and k.label in machine_line()
+    assert kernels.describe(k)["onednn_from"] == 4 and kernels.describe(make("mkl"))["onednn_from"] is None
