@@ -5,8 +5,9 @@ what is comparable is a ratio of two loops timed alternately (A, B, A, B, ...) o
 the same prompts in the same process. Nothing here is a timed test.
 
 * :func:`baseline_vs_generate`: specnb's plain greedy loop against transformers'
-  own ``generate`` (greedy). Our baseline must not be a strawman: the ratio
-  should be close to 1 or better.
+  own ``generate`` (greedy), either on the same kernels (loop cost alone: the
+  ratio should be close to 1, our baseline is no strawman) or with ``generate``
+  on torch's default kernels (what a user gets from each).
 * :func:`speculative_vs_greedy`: speculative greedy with a given draft against
   specnb's plain greedy.
 * :func:`side_by_side`: one specnb draft against the transformers method that
@@ -31,6 +32,7 @@ from tqdm.auto import tqdm
 
 from .decode import greedy, speculative_greedy
 from .drafts import Draft, ModelDraft, PromptLookupDraft
+from .kernels import kernels_of, using
 from .lookup_hf import HFPromptLookupDraft
 from .prompts import Prompt, encode
 
@@ -72,13 +74,26 @@ def hf_generate(model, ids: list[int], max_new_tokens: int, eos_token_id: int | 
 
 
 def baseline_vs_generate(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 64,
-                         repeats: int = 3) -> PairedTiming:
-    """specnb greedy vs transformers ``generate``, alternating, after one warm-up of each."""
+                         repeats: int = 3, generate_kernels: str | None = None) -> PairedTiming:
+    """specnb greedy vs transformers ``generate``, alternating, after one warm-up of each.
+
+    specnb runs on the model's own kernels (:mod:`specnb.kernels`). ``generate_kernels=None`` runs
+    ``generate`` on the same kernels (the two loops' cost alone); ``"mkl"`` runs it on torch's
+    default kernels, as transformers leaves a model (what a user of ``generate`` gets).
+    """
     eos = tokenizer.eos_token_id
+    ours_label = kernels_of(model).backend if kernels_of(model) is not None else "torch default"
+    theirs_kernels = generate_kernels or kernels_of(model) or "mkl"
+    theirs_label = generate_kernels or ours_label
+
+    def theirs(ids, n):
+        with using(model, theirs_kernels):
+            return hf_generate(model, ids, n, eos)
+
     warm = encode(tokenizer, prompts[0])
     greedy(model, warm, 4, eos)
-    hf_generate(model, warm, 4, eos)
-    result = PairedTiming("specnb greedy", "transformers generate", [], [], 0, 0)
+    theirs(warm, 4)
+    result = PairedTiming(f"specnb greedy [{ours_label}]", f"transformers generate [{theirs_label}]", [], [], 0, 0)
     for r in tqdm(range(repeats * len(prompts)), desc="baseline vs generate"):
         ids = encode(tokenizer, prompts[r % len(prompts)])
         order = (0, 1) if r % 2 == 0 else (1, 0)  # alternate who goes first
@@ -86,10 +101,10 @@ def baseline_vs_generate(model, tokenizer, prompts: list[Prompt], max_new_tokens
             if which == 0:
                 ours = greedy(model, ids, max_new_tokens, eos)
             else:
-                theirs, seconds = hf_generate(model, ids, max_new_tokens, eos)
+                hf_tokens, seconds = theirs(ids, max_new_tokens)
         result.tps_a.append(ours.tokens_per_second)
-        result.tps_b.append(len(theirs) / seconds)
-        result.identical += ours.tokens == theirs
+        result.tps_b.append(len(hf_tokens) / seconds)
+        result.identical += ours.tokens == hf_tokens
         result.runs += 1
     return result
 

@@ -6,6 +6,10 @@ target's logit margin (top-1 minus top-2) there in each run: a tiny margin means
 float near-tie between a 1-token and a (k+1)-token forward (chapter 2); a
 large one means a bug.
 
+:func:`compare_backends` asks the same question of the kernels (:mod:`specnb.kernels`): does plain
+greedy give the same tokens on MKL and on oneDNN? Two libraries sum in different orders, so a
+near-tie can flip; each divergence is reported with both runs' logit margins there.
+
 Not covered: sampling (exactness in distribution is chapter 6).
 """
 from __future__ import annotations
@@ -16,6 +20,7 @@ from tqdm.auto import tqdm
 
 from .decode import greedy, speculative_greedy
 from .drafts import Draft
+from .kernels import using
 from .prompts import Prompt, encode
 
 
@@ -104,3 +109,48 @@ def check_exactness(model, tokenizer, prompts: list[Prompt], drafts: list[Draft]
                 bar.update()
     bar.close()
     return report
+
+
+@dataclass
+class BackendDivergence:
+    prompt_index: int
+    kind: str
+    position: int  # index into the generated tokens of the first difference
+    tokens: dict  # backend -> its token there
+    margins: dict  # backend -> its top1 - top2 logit there
+
+
+def compare_backends(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 32,
+                     backends=("mkl", "onednn"), progress: bool = True) -> tuple[int, list[BackendDivergence]]:
+    """Plain greedy on each backend for every prompt: ``(prompts identical on all, divergences)``.
+
+    The model's own kernels are restored afterwards.
+    """
+    eos = tokenizer.eos_token_id
+    same, out = 0, []
+    for i, prompt in enumerate(tqdm(prompts, desc="greedy per backend", disable=not progress)):
+        ids = encode(tokenizer, prompt)
+        runs = {}
+        for b in backends:
+            with using(model, b):
+                runs[b] = greedy(model, ids, max_new_tokens, eos, record_margins=True)
+        first = runs[backends[0]]
+        positions = [first_difference(first.tokens, r.tokens) for r in runs.values()]
+        positions = [p for p in positions if p is not None]
+        if not positions:
+            same += 1
+            continue
+        pos = min(positions)
+        out.append(BackendDivergence(
+            i, prompt.kind, pos, {b: r.tokens[pos] if pos < len(r.tokens) else -1 for b, r in runs.items()},
+            {b: r.margins[pos] if pos < len(r.margins) else float("nan") for b, r in runs.items()}))
+    return same, out
+
+
+def backends_text(same: int, total: int, divergences: list[BackendDivergence]) -> str:
+    """:func:`compare_backends`'s result as lines of text."""
+    lines = [f"plain greedy identical under every backend on {same}/{total} prompts"]
+    for d in divergences:
+        lines.append(f"BACKENDS DIFFER prompt {d.prompt_index} ({d.kind}) at position {d.position}: "
+                     + ", ".join(f"{b} token {d.tokens[b]} (margin {d.margins[b]:.4f})" for b in d.tokens))
+    return "\n".join(lines)

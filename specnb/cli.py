@@ -32,6 +32,10 @@ def _prepare(args) -> int:
     loaded = load_offline_target()
     print(f"reload from safetensors: {time.perf_counter() - start:.2f} s -> {loaded.label}, "
           f"{sum(p.numel() for p in loaded.model.parameters()) / 1e6:.1f}M parameters")
+    from .kernels import kernels_of
+
+    k = kernels_of(loaded.model)
+    print(f"kernels: {k.label} ({k.how or 'chosen'})")
     return 0
 
 
@@ -45,8 +49,9 @@ def _drafts(model, names: list[str]):
 
 
 def _check(args) -> int:
-    from .check import check_exactness
+    from .check import backends_text, check_exactness, compare_backends
     from .env import machine_line
+    from .kernels import onednn_available
     from .models import load_offline_target
     from .corpus import check_prompts
 
@@ -62,6 +67,11 @@ def _check(args) -> int:
     matched = sum(report.matched.values())
     print(f"{matched}/{total} speculative runs identical to plain greedy, on {report.prompts} prompts "
           f"({report.ended_by_eos} of them ended with EOS before {args.max_new_tokens} tokens)")
+    if onednn_available():
+        same, divergences = compare_backends(target.model, target.tokenizer, prompts, args.max_new_tokens)
+        print(backends_text(same, len(prompts), divergences))
+        print("(kernels differ in summation order: a divergence with a small margin is a float near-tie, "
+              "not a bug; speculative and plain greedy above ran on the same kernels)")
     return 0 if report.all_match else 1
 
 
@@ -76,9 +86,12 @@ def _bench(args) -> int:
     print(machine_line())
     prompts = [p for p in PROMPTS if p.kind in ("code", "prose")][: args.prompts]
     base = baseline_vs_generate(target.model, target.tokenizer, prompts, args.max_new_tokens, args.repeats)
-    print(base.summary())
+    print("loop cost alone (both on specnb's kernels): " + base.summary())
+    default = baseline_vs_generate(target.model, target.tokenizer, prompts, args.max_new_tokens, args.repeats,
+                                   generate_kernels="mkl")
+    print("what a user gets (generate on torch's default kernels): " + default.summary())
     if args.skip_speculative:
-        return 0 if base.identical == base.runs else 1
+        return 0 if base.identical == base.runs and default.identical == default.runs else 1
     try:
         rows = bench_table(target.model, target.tokenizer, tuple(args.drafts), tuple(args.kinds), tuple(args.ks),
                            args.prompts_per_kind, args.max_new_tokens, args.repeats)
@@ -87,7 +100,7 @@ def _bench(args) -> int:
     print("a = accepted / verified drafts; speedup = each loop over its own plain greedy (median of paired runs); "
           "best k = specnb's best of " + ", ".join(map(str, args.ks)))
     print(table_markdown(rows))
-    bad = sum(r.runs - r.identical for r in rows) + base.runs - base.identical
+    bad = sum(r.runs - r.identical for r in rows) + base.runs - base.identical + default.runs - default.identical
     if bad:
         print(f"{bad} runs differ from plain greedy: run `python -m specnb check`")
     return 1 if bad else 0
@@ -198,16 +211,18 @@ def _profile_verify(args) -> int:
 
     from .env import machine_line
     from .models import load_offline_target
-    from .profile_verify import breakdown_table, op_table, verify_breakdown
+    from .profile_verify import breakdown_table, gemm_table, gemm_text, op_table, verify_breakdown
 
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_offline_target()
     print(f"{target.label}; {machine_line()}; torch threads {torch.get_num_threads()}")
     b = verify_breakdown(target.model, args.n, repeats=args.repeats)
-    print(f"median ms per forward after 64 cached tokens ({args.repeats} interleaved repeats); "
-          "LM head = one product over all n rows, blocked = the same logits in blocks of vocabulary rows")
+    print(f"median ms per forward after 64 cached tokens ({args.repeats} interleaved repeats), "
+          "under each kernel backend (specnb.kernels); max |dlogit| = largest difference between the two")
     print(breakdown_table(b))
+    print("\none x @ W.T per weight shape, x of n rows (median ms; xN = time at n over time at n = 1):")
+    print(gemm_text(gemm_table(target.model, args.n)))
     for n in (args.n[0], args.n[-1]):
         print(f"\ntop operators by self CPU time, n = {n} (torch.profiler):")
         for name, ms, share in op_table(target.model, n):

@@ -50,6 +50,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -122,10 +123,11 @@ class KernelLinear(torch.nn.Linear):
 
     def _pack(self) -> torch.Tensor:
         w = self.weight.detach()
-        if self._packed is None or self._packed_version != w._version or self._packed.dtype != w.dtype:
+        version = -2 if w.is_inference() else w._version  # inference tensors keep no version counter
+        if self._packed is None or self._packed_version != version or self._packed.dtype != w.dtype:
             with torch.inference_mode(False), torch.no_grad():
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-            self._packed_version = w._version
+            self._packed_version = version
         return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -172,6 +174,21 @@ def use_kernels(model: torch.nn.Module, backend: str | Kernels | None = None) ->
     _install(model, kernels)
     _LAST = kernels
     return kernels
+
+
+@contextmanager
+def using(model: torch.nn.Module, backend: str | Kernels):
+    """Run ``model`` on ``backend`` inside the ``with`` block, then restore its own kernels."""
+    before = kernels_of(model)
+    use_kernels(model, backend if isinstance(backend, Kernels) else make(backend))
+    try:
+        yield kernels_of(model)
+    finally:
+        if before is not None:
+            use_kernels(model, before)
+        else:
+            _install(model, make("mkl"))
+            del model._specnb_kernels
 
 
 def _install(model: torch.nn.Module, kernels: Kernels) -> None:

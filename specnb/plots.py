@@ -260,23 +260,57 @@ def forward_time_curve(ns, ms: dict, context_len: int, machine: str):
 
 
 def verify_breakdown(b: dict, machine: str):
-    """Chapter 1: a forward of n tokens split into the decoder body and the LM head (one product, as the
-    model computes it, and blocked), beside the model's own forward and specnb's; ``b`` from
-    :func:`specnb.profile_verify.verify_breakdown`."""
-    ns, med = b["ns"], {p: np.array([b["median"][p][n] * 1e3 for n in b["ns"]]) for p in b["median"]}
+    """Chapter 1: a forward of n tokens split into the decoder body and the LM head, under each kernel
+    backend side by side; ``b`` from :func:`specnb.profile_verify.verify_breakdown`."""
+    ns, backends = b["ns"], b["backends"]
     x = np.arange(len(ns))
+    width = 0.8 / len(backends)
     fig, ax = plt.subplots(figsize=(8, 3.6))
-    ax.bar(x - 0.2, med["body"], width=0.36, color="tab:blue", label="decoder body")
-    ax.bar(x - 0.2, med["head"], width=0.36, bottom=med["body"], color="tab:orange", label="LM head, one product")
-    ax.bar(x + 0.2, med["body"], width=0.36, color="tab:blue", alpha=0.5)
-    ax.bar(x + 0.2, med["head_blocked"], width=0.36, bottom=med["body"], color="tab:green",
-           label="LM head, blocked (same logits)")
-    ax.plot(x - 0.2, med["full"], "k_", markersize=18, markeredgewidth=2, label="model's own forward")
-    ax.plot(x + 0.2, med["specnb"], "r_", markersize=18, markeredgewidth=2, label="specnb's forward")
+    for i, be in enumerate(backends):
+        med = {p: np.array([b["median"][be][p][n] * 1e3 for n in ns]) for p in ("full", "body", "head")}
+        off = (i - (len(backends) - 1) / 2) * width
+        alpha = 1.0 if i == 0 else 0.55
+        ax.bar(x + off, med["body"], width=width * 0.9, color="tab:blue", alpha=alpha,
+               label=f"decoder body, {be}")
+        ax.bar(x + off, med["head"], width=width * 0.9, bottom=med["body"], color="tab:orange", alpha=alpha,
+               label=f"LM head, {be}")
+        ax.plot(x + off, med["full"], "k_", markersize=16, markeredgewidth=2,
+                label="whole forward, timed alone" if i == 0 else None)
     ax.set_xticks(x, [str(n) for n in ns])
     ax.set(xlabel="tokens in one forward, n (a verify of k drafts: n = k + 1)", ylabel="ms per forward")
-    ax.legend(fontsize=7, loc="upper left")
-    ax.set_title(f"Where a forward's time goes (medians): {machine}", fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    ax.set_title(f"Where a forward's time goes (medians), left bars {backends[0]}, right {backends[-1]}:\n{machine}",
+                 fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def kernel_curves(curves: dict, chosen: dict, gemm_rows: list[dict], machine: str):
+    """Chapter 1: T(n) under each kernel backend and the one in use (left), and each weight shape's
+    product time at n over its time at n = 1 (right). ``curves``: {backend: {n: ms}} (interleaved
+    medians); ``chosen``: {"label": str, "ms": {n: ms}}; ``gemm_rows`` from
+    :func:`specnb.profile_verify.gemm_table`."""
+    colors = {"mkl": "tab:red", "onednn": "tab:blue"}
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for be, c in curves.items():
+        ns = sorted(c)
+        ax.plot(ns, [c[n] for n in ns], "o-", color=colors.get(be), label=f"{be} (interleaved with the other)")
+    ns = sorted(chosen["ms"])
+    ax.plot(ns, [chosen["ms"][n] for n in ns], "k--", marker="x", label=f"in use: {chosen['label']}")
+    ax.set(xlabel="tokens in one forward, n", ylabel="T(n), ms (median)", title="T(n) by kernel backend")
+    ax.set_ylim(0, None)
+    ax.legend(fontsize=7, loc="lower right")
+    styles = ["-", "--", ":", "-."]
+    for i, row in enumerate(gemm_rows):
+        for be, ms in row["ms"].items():
+            ns = sorted(ms)
+            bx.plot(ns, [ms[n] / ms[ns[0]] for n in ns], styles[i % len(styles)], marker="o", markersize=3,
+                    color=colors.get(be), label=f"{'x'.join(map(str, row['shape']))} {be}")
+    bx.axhline(1, color="grey", lw=0.5)
+    bx.set(xlabel="rows of x, n", ylabel="time at n / time at n = 1",
+           title="one x @ W.T per weight shape (W: out x in)")
+    bx.legend(fontsize=6, ncol=2, loc="upper left")
+    fig.suptitle(machine, fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -1,16 +1,16 @@
-"""Where a verify forward's time goes: the decoder stack against the LM head, and the top ops.
+"""Where a verify forward's time goes, under each kernel backend (chapter 1).
 
-A verify forward of k drafts feeds n = k + 1 tokens and needs logits at all n
-positions; plain decoding feeds one and needs one row. On the CPUs this book is
-built on, T(n)/T(1) is well above 1 even for small n (chapter 1). This module
-splits T(n) into its two parts, timed in alternation on the same cache:
+A verify forward of k drafts feeds n = k + 1 tokens and needs logits at all n positions; plain
+decoding feeds one and needs one row. Whether T(n) stays near T(1) is decided by the GEMM library
+that runs the linear layers (:mod:`specnb.kernels`). This module measures, on the same cache and
+interleaved so a noisy machine's drift hits all alike:
 
-* the **body**: embedding, decoder layers and final norm (``hidden: (n, H)``);
-* the **LM head**: ``logits: (n, V) = hidden @ W.T``, one matrix product over
-  the V-row output embedding, computed either in one call (what transformers
-  does) or in blocks of vocabulary rows (:func:`specnb.cache.lm_head_logits`).
-
-:func:`op_table` adds torch.profiler's self CPU time per operator for one n.
+* :func:`verify_breakdown`: for each backend (MKL, oneDNN) and each n, the whole forward, the
+  **body** (embedding, decoder layers, final norm; ``hidden: (n, H)``) and the **LM head**
+  (``logits: (n, V) = hidden @ W.T``); and how far the two backends' logits differ;
+* :func:`gemm_table`: one ``x @ W.T`` for every distinct weight shape of the model, x of n rows,
+  under each backend: the per-shape timing that explains the whole-model curves;
+* :func:`op_table`: torch.profiler's self CPU time per operator for one n.
 
 Not covered: GPUs (no synchronisation here), batches, and quantized kernels.
 Timings are wall clock and noisy: compare the ratios of one run.
@@ -23,13 +23,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .cache import _decoder_and_head, cache_keyword, forward, lm_head_logits, new_cache, rollback
+from .cache import _decoder_and_head, cache_keyword, forward, new_cache, rollback
+from .kernels import KernelLinear, kernels_of, make, use_kernels
 
-
-def _model_forward(model, token_ids: list[int], cache) -> torch.Tensor:
-    """The model's own forward (transformers'), logits at every position: what T(n) measured."""
-    x = torch.tensor([token_ids], dtype=torch.long)  # (1, n)
-    return model(input_ids=x, **{cache_keyword(model): cache, "use_cache": True}).logits[0]
+BACKENDS = ("mkl", "onednn")
 
 
 def _body(model, token_ids: list[int], cache) -> torch.Tensor:
@@ -39,63 +36,114 @@ def _body(model, token_ids: list[int], cache) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def verify_breakdown(model: torch.nn.Module, ns=(1, 2, 3, 5, 9), context_len: int = 64, repeats: int = 20,
-                     warmup: int = 2, seed: int = 0, progress: bool = True) -> dict:
-    """Median seconds per forward of n new tokens after ``context_len`` cached ones, split into parts.
+def verify_breakdown(model: torch.nn.Module, ns=(1, 2, 3, 5, 9), backends=BACKENDS, context_len: int = 64,
+                     repeats: int = 20, warmup: int = 2, seed: int = 0, progress: bool = True) -> dict:
+    """Median seconds per forward of n new tokens after ``context_len`` cached ones, by backend and part.
 
-    For each n: ``full`` (the model's own forward with logits at every position),
-    ``specnb`` (:func:`specnb.cache.forward`, what the decoding loops call: the LM head blocked
-    for n in :data:`specnb.cache.LM_HEAD_BLOCKED_NS`), ``body`` (decoder stack,
-    ``hidden: (n, H)``), ``head`` (the LM head over all n rows in one product, as the model's
-    forward computes it) and ``head_blocked`` (the same logits in blocks of vocabulary rows,
-    at every n). Every n and part is interleaved within each repeat. Also checks that the
-    blocked logits, and specnb's, equal the model's exactly.
+    Parts: ``full`` (the model's forward, logits at every position, as T(n) measures), ``body``
+    (decoder stack, ``hidden: (n, H)``) and ``head`` (the LM head over the n rows). Backends and n
+    are interleaved within each repeat; the model's own kernels are restored at the end.
+    ``max_diff[n]``: the largest |logit difference| between the first two backends' full forwards.
 
-    Returns ``{"ns": [...], "median": {part: {n: s}}, "equal": {n: bool}}``.
+    Returns ``{"ns", "backends", "median": {backend: {part: {n: s}}}, "max_diff": {n: float}}``.
     """
     ns = [int(n) for n in ns]
     gen = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     context = torch.randint(0, vocab, (context_len,), generator=gen).tolist()
     new = torch.randint(0, vocab, (max(ns),), generator=gen).tolist()
+    before = kernels_of(model)
+    chosen = {b: make(b) for b in backends}
     cache = new_cache(model)
     forward(model, context, cache, logits_to_keep=1)
     _, lm_head = _decoder_and_head(model)
-    parts = ("full", "specnb", "body", "head", "head_blocked")
-    times = {p: {n: [] for n in ns} for p in parts}
-    equal = {}
-    every_n = range(1, max(ns) + 1)
-    for r in tqdm(range(warmup + repeats), desc="verify breakdown", disable=not progress):
-        for n in ns:
-            t = [time.perf_counter()]
-            own = _model_forward(model, new[:n], cache)
-            t.append(time.perf_counter())
-            rollback(cache, n)
-            t.append(time.perf_counter())
-            ours = forward(model, new[:n], cache)
-            t.append(time.perf_counter())
-            rollback(cache, n)
-            t.append(time.perf_counter())
-            hidden = _body(model, new[:n], cache)
-            t.append(time.perf_counter())
-            rollback(cache, n)
-            t.append(time.perf_counter())
-            one = lm_head(hidden)
-            t.append(time.perf_counter())
-            blocked = lm_head_logits(lm_head, hidden, blocked_ns=every_n)
-            t.append(time.perf_counter())
-            if r >= warmup:
-                for p, dt in zip(parts, (t[1] - t[0], t[3] - t[2], t[5] - t[4], t[7] - t[6], t[8] - t[7])):
-                    times[p][n].append(dt)
-            equal[n] = equal.get(n, True) and torch.equal(one, blocked) and torch.equal(own, ours)
-    return {"ns": ns, "context_len": context_len, "repeats": repeats,
-            "median": {p: {n: float(np.median(times[p][n])) for n in ns} for p in parts}, "equal": equal}
+    parts = ("full", "body", "head")
+    times = {b: {p: {n: [] for n in ns} for p in parts} for b in backends}
+    max_diff = {n: 0.0 for n in ns}
+    try:
+        for r in tqdm(range(warmup + repeats), desc="verify breakdown", disable=not progress):
+            for n in ns:
+                logits = {}
+                for b, kernels in chosen.items():
+                    use_kernels(model, kernels)
+                    t0 = time.perf_counter()
+                    logits[b] = forward(model, new[:n], cache)
+                    t1 = time.perf_counter()
+                    rollback(cache, n)
+                    t2 = time.perf_counter()
+                    hidden = _body(model, new[:n], cache)
+                    t3 = time.perf_counter()
+                    rollback(cache, n)
+                    t4 = time.perf_counter()
+                    lm_head(hidden)
+                    t5 = time.perf_counter()
+                    if r >= warmup:
+                        for p, dt in zip(parts, (t1 - t0, t3 - t2, t5 - t4)):
+                            times[b][p][n].append(dt)
+                if len(logits) > 1:
+                    a, b = list(logits.values())[:2]
+                    max_diff[n] = max(max_diff[n], float((a - b).abs().max()))
+    finally:
+        if before is not None:
+            use_kernels(model, before)
+    return {"ns": ns, "backends": list(backends), "context_len": context_len, "repeats": repeats,
+            "median": {b: {p: {n: float(np.median(times[b][p][n])) for n in ns} for p in parts} for b in backends},
+            "max_diff": max_diff}
+
+
+@torch.inference_mode()
+def gemm_table(model: torch.nn.Module, ns=(1, 2, 3, 4, 5, 9), backends=BACKENDS, repeats: int = 30,
+               warmup: int = 3, seed: int = 0) -> list[dict]:
+    """One ``x @ W.T`` (x: (n, in)) per distinct weight shape of ``model``'s linear layers, by backend.
+
+    Returns ``[{"shape": (out, in), "count": layers with it, "ms": {backend: {n: median ms}}}, ...]``,
+    the largest shape first. The weights are random of each shape (timing depends on shape only).
+    """
+    shapes: dict[tuple[int, int], int] = {}
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            shape = tuple(m.weight.shape)
+            shapes[shape] = shapes.get(shape, 0) + 1
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for shape, count in sorted(shapes.items(), key=lambda kv: -kv[0][0] * kv[0][1]):
+        with torch.inference_mode(False):
+            lin = torch.nn.Linear(shape[1], shape[0], bias=False)
+        layers = {b: KernelLinear.wrap(lin, make(b)) for b in backends}
+        xs = {n: torch.randn(n, shape[1], generator=gen) for n in ns}
+        times = {b: {n: [] for n in ns} for b in backends}
+        for r in range(warmup + repeats):
+            for n in ns:
+                for b, layer in layers.items():
+                    t0 = time.perf_counter()
+                    layer(xs[n])
+                    dt = time.perf_counter() - t0
+                    if r >= warmup:
+                        times[b][n].append(dt)
+        rows.append({"shape": shape, "count": count,
+                     "ms": {b: {n: float(np.median(t)) * 1e3 for n, t in per.items()} for b, per in times.items()}})
+    return rows
+
+
+def gemm_text(rows: list[dict]) -> str:
+    """:func:`gemm_table` as text: ms per product and each backend's time at n over its time at n = 1."""
+    backends = list(rows[0]["ms"])
+    ns = list(rows[0]["ms"][backends[0]])
+    lines = [f"{'W (out x in)':>14} {'layers':>6} {'backend':>7} " + " ".join(f"{'n=' + str(n):>8}" for n in ns)
+             + "   " + " ".join(f"{'x' + str(n):>6}" for n in ns[1:])]
+    for row in rows:
+        for b in backends:
+            ms = row["ms"][b]
+            lines.append(f"{'x'.join(map(str, row['shape'])):>14} {row['count']:>6} {b:>7} "
+                         + " ".join(f"{ms[n]:8.3f}" for n in ns) + "   "
+                         + " ".join(f"{ms[n] / ms[ns[0]]:6.2f}" for n in ns[1:]))
+    return "\n".join(lines)
 
 
 @torch.inference_mode()
 def op_table(model: torch.nn.Module, n: int, context_len: int = 64, repeats: int = 5, top: int = 10) -> list[tuple]:
     """torch.profiler's top ``top`` operators by self CPU time for a forward of n tokens with logits at
-    every position: ``[(op name, ms per forward, share of the total), ...]``."""
+    every position, on the model's own kernels: ``[(op name, ms per forward, share of the total), ...]``."""
     from torch.profiler import ProfilerActivity, profile
 
     vocab = model.config.vocab_size
@@ -117,16 +165,15 @@ def op_table(model: torch.nn.Module, n: int, context_len: int = 64, repeats: int
 
 
 def breakdown_table(b: dict) -> str:
-    """The breakdown as text: ms per part (model = the model's own forward, specnb = specnb's), the two
-    forwards' ratios to the model's n = 1 time, the body's and head's ratios to their own n = 1 times."""
+    """The breakdown as text: ms per part for each backend, and the whole forward's T(n)/T(1)."""
     ns, med = b["ns"], b["median"]
-    lines = [f"{'n':>3} {'model':>8} {'specnb':>8} {'body':>8} {'LM head':>8} {'blocked':>8}   "
-             f"{'model/T1':>8} {'specnb/T1':>9} {'body/1':>7} {'head/1':>7} {'head share':>10} {'equal':>6}"]
-    t1 = med["full"][ns[0]]
+    lines = [f"{'n':>3} {'backend':>7} {'forward':>8} {'body':>8} {'LM head':>8}   {'T(n)/T(1)':>9} "
+             f"{'head share':>10} {'max |dlogit|':>12}"]
     for n in ns:
-        lines.append(f"{n:>3} " + " ".join(f"{med[p][n] * 1e3:8.2f}" for p in ("full", "specnb", "body", "head",
-                                                                             "head_blocked"))
-                     + f"   {med['full'][n] / t1:8.2f} {med['specnb'][n] / t1:9.2f} "
-                     f"{med['body'][n] / med['body'][ns[0]]:7.2f} {med['head'][n] / med['head'][ns[0]]:7.2f} "
-                     f"{med['head'][n] / med['full'][n]:10.2f} {str(b['equal'][n]):>6}")
+        for be in b["backends"]:
+            m = med[be]
+            lines.append(f"{n:>3} {be:>7} " + " ".join(f"{m[p][n] * 1e3:8.2f}" for p in ("full", "body", "head"))
+                         + f"   {m['full'][n] / m['full'][ns[0]]:9.2f} {m['head'][n] / m['full'][n]:10.2f} "
+                         f"{b['max_diff'][n]:12.1e}")
     return "\n".join(lines)
+

@@ -129,3 +129,27 @@ def test_bad_input():
     with pytest.raises(ValueError, match="unknown bench draft"):
         bench_drafts(None, ["eagle"])
     assert HF_METHODS == ("prompt_lookup", "assistant_model", "assistant_early_exit")
+
+
+def test_baseline_vs_generate_on_the_same_and_on_default_kernels(target, prompts):
+    """specnb's greedy against generate on the model's own kernels and on torch's default: identical tokens,
+    the kernels named in the labels, and the model's own kernels restored afterwards."""
+    import copy
+
+    from specnb.bench import baseline_vs_generate
+    from specnb.kernels import kernels_of, make, use_kernels
+
+    class IdTok:
+        eos_token_id = None
+
+        def __call__(self, text):
+            return {"input_ids": [int(t) for t in text.split()]}
+
+    model = copy.deepcopy(target)
+    use_kernels(model, make("onednn"))
+    ps = [Prompt("code", " ".join(map(str, ids))) for ids in prompts[1:3]]
+    same = baseline_vs_generate(model, IdTok(), ps, max_new_tokens=8, repeats=1)
+    default = baseline_vs_generate(model, IdTok(), ps, max_new_tokens=8, repeats=1, generate_kernels="mkl")
+    assert same.identical == same.runs == 2 and default.identical == default.runs == 2
+    assert "[onednn]" in same.name_a and "[onednn]" in same.name_b and "[mkl]" in default.name_b
+    assert kernels_of(model).backend == "onednn"

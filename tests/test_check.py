@@ -60,3 +60,39 @@ def test_check_prompts_cover_formats_scripts_and_eos():
         assert marker in text, marker
     with pytest.raises(ValueError, match="--prompts must be between 1 and"):
         check_prompts(0)
+
+
+def test_compare_backends_agrees_on_a_tiny_model_and_reports_a_divergence(target, id_prompts, monkeypatch):
+    """Plain greedy per kernel backend: identical here; and a backend that computes something else
+    (the LM head perturbed, standing in for a real summation-order flip) is reported with margins."""
+    import contextlib
+    import copy
+
+    import torch
+
+    from specnb import check
+
+    model = copy.deepcopy(target)
+    same, divergences = check.compare_backends(model, IdTokenizer(), id_prompts, 16, progress=False)
+    assert same == len(id_prompts) and not divergences
+
+    @contextlib.contextmanager
+    def perturbed(m, backend):
+        saved = m.lm_head.weight.detach().clone()
+        if backend == "onednn":
+            with torch.no_grad():
+                m.lm_head.weight.add_(0.5 * torch.randn_like(saved))
+        try:
+            yield None
+        finally:
+            with torch.no_grad():
+                m.lm_head.weight.copy_(saved)
+
+    monkeypatch.setattr(check, "using", perturbed)
+    torch.manual_seed(0)
+    same, divergences = check.compare_backends(model, IdTokenizer(), id_prompts, 16, progress=False)
+    assert divergences and same < len(id_prompts)
+    d = divergences[0]
+    assert set(d.tokens) == {"mkl", "onednn"} and d.tokens["mkl"] != d.tokens["onednn"]
+    assert all(m == m and m >= 0 for m in d.margins.values())
+    assert "BACKENDS DIFFER" in check.backends_text(same, len(id_prompts), divergences)

@@ -1,25 +1,15 @@
-"""The verify breakdown (specnb.profile_verify) and the blocked LM head it measures, on tiny models."""
+"""The verify breakdown and GEMM table (specnb.profile_verify) on tiny models, under each kernel backend."""
 import pytest
 import torch
 
-from specnb.cache import forward, forward_features, lm_head_logits, new_cache
-from specnb.profile_verify import breakdown_table, op_table, verify_breakdown
-
-
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("n", [1, 3, 9])
-def test_blocked_lm_head_gives_the_same_logits(n, bias):
-    torch.manual_seed(0)
-    head = torch.nn.Linear(32, 1000, bias=bias)  # 1000 rows: the last block is partial
-    hidden = torch.randn(n, 32)
-    assert torch.equal(lm_head_logits(head, hidden, block=128, blocked_ns=range(1, 10)), head(hidden))
-    assert torch.equal(lm_head_logits(head, hidden, block=None), head(hidden))
-    assert torch.equal(lm_head_logits(head, hidden), head(hidden))  # the defaults the decoding loops use
+from specnb.cache import forward, forward_features, new_cache
+from specnb.kernels import kernels_of, make, use_kernels
+from specnb.profile_verify import breakdown_table, gemm_table, gemm_text, op_table, verify_breakdown
 
 
 @pytest.mark.parametrize("n", [1, 3, 5, 9, 17])
 def test_verify_forwards_give_the_models_own_logits(target, prompts, n):
-    """specnb's forward and forward_features (the LM head blocked for some n) equal the model's own forward."""
+    """specnb's forward and forward_features (decoder + LM head) equal the model's own forward."""
     ids = list(prompts[-1]) * 2  # 40 ids
     prefix, new = ids[:-n], ids[-n:]
     own_cache, ours_cache, feat_cache = new_cache(target), new_cache(target), new_cache(target)
@@ -34,11 +24,39 @@ def test_verify_forwards_give_the_models_own_logits(target, prompts, n):
     assert torch.allclose(own, feats, atol=1e-5, rtol=0) and torch.equal(own.argmax(-1), feats.argmax(-1))
 
 
-def test_verify_breakdown_and_op_table_run(target):
-    b = verify_breakdown(target, ns=(1, 3), context_len=8, repeats=2, warmup=1, progress=False)
-    assert set(b["median"]) == {"full", "specnb", "body", "head", "head_blocked"}
-    assert all(t > 0 for part in b["median"].values() for t in part.values())
-    assert b["equal"] == {1: True, 3: True}
-    assert "specnb/T1" in breakdown_table(b)
-    ops = op_table(target, 3, context_len=8, repeats=1, top=5)
+def test_verify_breakdown_gemm_table_and_op_table_run(target):
+    import copy
+
+    model = copy.deepcopy(target)
+    use_kernels(model, make("mixed", 3))
+    b = verify_breakdown(model, ns=(1, 3), context_len=8, repeats=2, warmup=1, progress=False)
+    assert set(b["median"]) == {"mkl", "onednn"}
+    assert all(set(m) == {"full", "body", "head"} for m in b["median"].values())
+    assert all(t > 0 for m in b["median"].values() for part in m.values() for t in part.values())
+    assert b["max_diff"][3] < 1e-3  # two libraries: close (at this tiny size even identical)
+    assert any(m._packed is not None for m in model.modules() if hasattr(m, "_packed"))  # oneDNN really ran
+    assert kernels_of(model).backend == "mixed"  # the model's own kernels restored
+    assert "T(n)/T(1)" in breakdown_table(b)
+    rows = gemm_table(model, ns=(1, 2), repeats=2, warmup=1)
+    shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    assert {r["shape"] for r in rows} == shapes and sum(r["count"] for r in rows) == 2 * 7 + 1
+    assert "onednn" in gemm_text(rows)
+    ops = op_table(model, 3, context_len=8, repeats=1, top=5)
     assert 0 < len(ops) <= 5 and all(ms > 0 and 0 < share <= 1 for _, ms, share in ops)
+
+
+def test_chapter_1_kernel_figures_draw(target):
+    import copy
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from specnb import plots
+
+    model = copy.deepcopy(target)
+    b = verify_breakdown(model, ns=(1, 2), context_len=8, repeats=1, warmup=0, progress=False)
+    rows = gemm_table(model, ns=(1, 2), repeats=1, warmup=0)
+    curves = {"mkl": {1: 30.0, 2: 31.0}, "onednn": {1: 35.0, 2: 34.0}}
+    for fig in (plots.verify_breakdown(b, "tiny"),
+                plots.kernel_curves(curves, {"label": "mkl", "ms": {1: 30.0, 2: 31.5}}, rows, "tiny")):
+        assert fig is not None and fig.axes
