@@ -234,8 +234,16 @@ def _info(args) -> int:
     import json
 
     from .env import machine_info
+    from .kernels import describe, kernels_of
+    from .models import ModelUnavailableError, load_offline_target
 
-    print(json.dumps(machine_info(), indent=2))
+    try:  # the kernels are chosen per model: load the offline target to name them (auto times once)
+        kernels = describe(kernels_of(load_offline_target().model))
+    except ModelUnavailableError as err:
+        kernels = {"backend": f"unknown: {err}"}
+    info = machine_info()
+    info["kernels"] = kernels
+    print(json.dumps(info, indent=2))
     return 0
 
 

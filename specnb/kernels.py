@@ -37,7 +37,10 @@ Tried and not kept (measured on the Xeon, 2 cores, torch 2.13): ``torch.utils.mk
 79 us against 9 us for MKL, the LM head 5.4 ms against 3.1 ms); MKL's packed GEMM
 (``torch.ops.mkl._mkl_linear`` with ``_mkl_reorder_linear_weight``): within 10% of plain MKL at every
 shape and n; the LM head computed in blocks of 512 vocabulary rows (specnb's earlier workaround for
-MKL's n = 4..12 jump): 9 ms at n = 9 against 5 ms through oneDNN, so it was removed.
+MKL's n = 4..12 jump): 6.8 ms at n = 9 against 5.0-5.5 ms through oneDNN, so it was removed (one
+mechanism for fast verification, not two); ``torch.compile(model.forward, dynamic=True)`` on MKL:
+T(1) 34.1 -> 30.4 ms and T(5) 54.2 -> 45.6 ms with the same argmax, but 224 s of compilation on
+2 cores in every new process (each notebook is one), which costs more than it saves here.
 
 Not covered: quantized int8 kernels, GPUs (nothing here runs on CUDA tensors; they keep
 torch's defaults), and autograd through packed weights (a layer whose weight needs a gradient
@@ -223,7 +226,7 @@ def machine_key(model: torch.nn.Module) -> str:
 
 @torch.inference_mode()
 def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, repeats: int = 7,
-                   warmup: int = 2, seed: int = 0) -> dict:
+                   warmup: int = 3, seed: int = 0) -> dict:
     """T(n) in ms (median) under MKL and under oneDNN, interleaved: ``{"mkl": {n: ms}, "onednn": {n: ms}}``.
 
     One cache prefilled with ``context_len`` seeded random ids; each timing feeds n more ids with
