@@ -284,7 +284,7 @@ def side_by_side(model, tokenizer, draft: Draft, method: str, prompts: list[Prom
     ``rollback_mode`` other than ``"exact"`` breaks specnb's loop on purpose (negative control).
     """
     eos = tokenizer.eos_token_id
-    assistant = draft.model if isinstance(draft, ModelDraft) else None
+    assistant = draft.vocab_model()
     if method == "assistant_early_exit" and early_exit is None:
         early_exit = assistant.config.num_hidden_layers if assistant is not None else None
     res = SideBySide(draft.name, method, kind, k)

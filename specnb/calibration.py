@@ -211,6 +211,9 @@ def calibrate(target: torch.nn.Module, tokenizer, draft: Draft, prompt_ids: list
     ``greedy_tokens``: the target's greedy output for each prompt, if already computed
     (several drafts calibrated on the same prompts share it).
     """
+    if draft.vocab_model() is not None and not isinstance(draft, ModelDraft):
+        raise ValueError(f"{draft.name!r} wraps a model draft: calibration replays model drafts teacher-forced, "
+                         "which a wrapper (a schedule, a recorder) would change; calibrate the inner ModelDraft")
     if isinstance(draft, ModelDraft) and c is None:
         raise ValueError("a model draft is replayed teacher-forced: pass its c, measured with "
                          "specnb.timing.cost_ratio(target, draft.model)")

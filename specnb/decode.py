@@ -5,7 +5,9 @@ Both work on one sequence (batch 1) of token ids and return a
 for speculative decoding, one :class:`RoundStats` per round.
 
 Names follow the paper (Leviathan et al. 2023): ``k`` drafted tokens per round,
-``n`` of them accepted (``n`` in their algorithm 1), acceptance rate ``a``.
+``n`` of them accepted (``n`` in their algorithm 1). ``DecodeResult.acceptance_rate`` is
+accepted / drafted, the figure most write-ups report; the book's ``a`` (accepted per *verified*
+draft, the notation page's) is ``DecodeResult.a``.
 The numbered steps in :func:`speculative_greedy` are the ones the book uses.
 
 Sampling mode (chapter 6): :func:`sample` and :func:`speculative_sample`, with the
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import forward, forward_features, new_cache, rollback
-from .drafts import Draft, ModelDraft
+from .drafts import Draft
 from .models import check_vocab_sizes, context_length
 from .sampling import (DraftQ, Residual, SamplingParams, draft_distributions, overlap, residual, sample_token,
                        speculative_round, warp)
@@ -65,8 +67,16 @@ class DecodeResult:
 
     @property
     def acceptance_rate(self) -> float:
-        """a: accepted / drafted over the whole generation (nan if nothing was drafted)."""
+        """accepted / drafted over the whole generation (nan if nothing was drafted). Not the book's
+        ``a``: drafts after a round's first rejection are never verified but count as failures here."""
         return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def a(self) -> float:
+        """The book's a: accepted / verified drafts (a draft is verified when every draft before it in
+        its round was accepted; nan if nothing was verified)."""
+        verified = sum(r.accepted + (r.accepted < r.drafted) for r in self.rounds)
+        return self.accepted / verified if verified else float("nan")
 
     @property
     def tokens_per_round(self) -> float:
@@ -195,8 +205,8 @@ def _speculative_loop(target: torch.nn.Module, draft: Draft, ids: list[int], k: 
     Drafts with ``uses_features`` (a trained head) get the target's last hidden states of
     every position it has kept: those of the prefill, then each round's n + 1 kept positions.
     """
-    if isinstance(draft, ModelDraft):
-        check_vocab_sizes(target, draft.model)
+    if draft.vocab_model() is not None:  # a draft running its own model, however wrapped
+        check_vocab_sizes(target, draft.vocab_model())
     feats = draft.uses_features
     draft.reset(eos_token_id)
     cache = new_cache(target)
@@ -339,7 +349,8 @@ def sample(model: torch.nn.Module, prompt_ids, max_new_tokens: int, params: Samp
 @torch.inference_mode()
 def speculative_sample(target: torch.nn.Module, draft: Draft, prompt_ids, k: int, max_new_tokens: int,
                        params: SamplingParams = SamplingParams(), seed: int = 0, eos_token_id: int | None = None,
-                       residual_fn: Residual = residual, draft_q: DraftQ = draft_distributions) -> SamplingResult:
+                       residual_fn: Residual = residual, draft_q: DraftQ = draft_distributions,
+                       rollback_mode: str = "exact") -> SamplingResult:
     """Speculative sampling: each emitted token has the distribution :func:`sample` would give it.
 
     The steps of :func:`speculative_greedy`, with the rule of :mod:`specnb.sampling`:
@@ -352,10 +363,13 @@ def speculative_sample(target: torch.nn.Module, draft: Draft, prompt_ids, k: int
     draft's draws and the rule's, so a seed reproduces a run.
 
     ``residual_fn`` and ``draft_q`` other than the defaults are the negative
-    controls of :mod:`specnb.sampling` (``VARIANTS``): they break exactness on purpose.
+    controls of :mod:`specnb.sampling` (``VARIANTS``): they break exactness on purpose, as
+    ``rollback_mode`` other than ``"exact"`` does (see :func:`speculative_greedy`).
     """
+    if rollback_mode not in ROLLBACKS:
+        raise ValueError(f"rollback_mode must be one of {ROLLBACKS}, got {rollback_mode!r}")
     ids = validate(target, prompt_ids, max_new_tokens, k)
     generator = torch.Generator().manual_seed(seed)
     rule = SamplingRule(params, generator, target.config.vocab_size, residual_fn, draft_q)
     result = SamplingResult([], len(ids), 0.0, 0, seed=seed)
-    return _speculative_loop(target, draft, ids, k, max_new_tokens, eos_token_id, rule, result)
+    return _speculative_loop(target, draft, ids, k, max_new_tokens, eos_token_id, rule, result, rollback_mode)

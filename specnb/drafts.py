@@ -54,6 +54,12 @@ class Draft(ABC):
     def update(self, ids: list[int], n_accepted: int) -> None:
         """``ids`` is the sequence after the round; ``n_accepted`` drafted tokens were kept."""
 
+    def vocab_model(self) -> torch.nn.Module | None:
+        """The model whose token ids this draft proposes, if it runs one of its own: its vocabulary must be
+        the target's, and the loops check it. None for drafts that copy ids from the context or predict
+        over the target's own vocabulary (prompt lookup, the trained head). Wrappers delegate."""
+        return None
+
     def observe(self, features: torch.Tensor) -> None:
         """The target's last hidden states ``(m, H)`` for the next m positions of the sequence.
 
@@ -97,6 +103,9 @@ class ModelDraft(Draft):
         self.faulty_rollback = faulty_rollback
         self.cache = None
         self.cached: list[int] = []  # the tokens whose keys/values the cache is believed to hold
+
+    def vocab_model(self) -> torch.nn.Module:
+        return self.model
 
     def reset(self, eos_token_id: int | None = None) -> None:
         super().reset(eos_token_id)
@@ -392,6 +401,9 @@ class HeuristicK(Draft):
         super().reset(eos_token_id)
         self.draft.reset(eos_token_id)
         self.k = self.k_start
+
+    def vocab_model(self) -> torch.nn.Module | None:
+        return self.draft.vocab_model()
 
     def observe(self, features: torch.Tensor) -> None:
         self.draft.observe(features)

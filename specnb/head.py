@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .cache import rollback
+from .cache import cache_length, rollback
 
 
 @dataclass
@@ -246,6 +246,10 @@ class HeadState:
         Each call of the head is one draft forward (``self.forwards``).
         """
         self.drop_speculative()
+        if cache_length(self.cache) != self.real:
+            raise RuntimeError(f"the head's KV cache holds {cache_length(self.cache)} positions but only "
+                               f"{self.real} came from the target's features: stale speculative entries were "
+                               "not rolled back (HeadState.drop_speculative)")
         head = self.head
         n_pairs = min(self.n_features, len(ids) - 1)
         if n_pairs <= self.real or k <= 0:

@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,12 +169,28 @@ def convert_offline_target(force: bool = False) -> Path:
     return out
 
 
+@contextmanager
+def _quiet_loading():
+    """No "Loading weights" progress bar: a sub-second load from the local cache, not long work, and the
+    bar would otherwise print on every page of the book that loads the model."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def load_offline_target(dtype: torch.dtype = torch.float32) -> LoadedModel:
     """SmolLM2-135M-Instruct from the offline GGUF, via the safetensors cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = convert_offline_target()
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
+    with _quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()
     use_kernels(model)

@@ -299,15 +299,14 @@ def calibrate_sweep(model: torch.nn.Module, tokenizer, results: dict, n_prompts:
     ``drafts`` as in :func:`run_sweep`.
     """
     from .calibration import calibrate
-    from .drafts import ModelDraft
 
     config = SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["config"].items()})
     t1 = results["curve"]["median"]["1"]
     cals = {}
     jobs = [(name, kind) for name in config.drafts for kind in config.kinds]
     drafts = {name: (drafts or {}).get(name) or draft_from_name(model, name) for name in config.drafts}
-    cs = {name: cost_ratio(model, d.model, context_len=config.context_len, repeats=c_repeats,
-                           progress=False)["c"] for name, d in drafts.items() if isinstance(d, ModelDraft)}
+    cs = {name: cost_ratio(model, d.vocab_model(), context_len=config.context_len, repeats=c_repeats,
+                           progress=False)["c"] for name, d in drafts.items() if d.vocab_model() is not None}
     ids = {kind: [encode(tokenizer, p) for p in calibration_prompts(config, kind, n_prompts)] for kind in config.kinds}
     texts = {kind: [greedy(model, x, config.max_new_tokens, tokenizer.eos_token_id).tokens for x in ids[kind]]
              for kind in config.kinds}  # the target's greedy text, once per prompt for all drafts
@@ -378,7 +377,7 @@ def reusable(results: dict, config: SweepConfig, max_age_hours: float = 12.0) ->
     if results["config"] != json.loads(json.dumps(asdict(config))):
         return "different sweep configuration"
     here = machine_info()
-    for key in ("cpu", "cores", "torch_threads", "gpu", "torch", "transformers"):
+    for key in ("cpu", "cores", "torch_threads", "gpu", "torch", "transformers", "kernels"):
         if results["machine"].get(key) != here.get(key):
             return f"measured with a different {key} ({results['machine'].get(key)} vs {here.get(key)})"
     age = _dt.datetime.now(_dt.timezone.utc) - _dt.datetime.fromisoformat(results["created"])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .decode import DecodeResult
 from .drafts import Draft
+from .sampling import draft_distributions
 
 COLOURS = {"accepted": "#c8e6c9", "rejected": "#ffcdd2", "correction": "#ffe0b2", "bonus": "#bbdefb"}
 
@@ -47,6 +48,15 @@ class RecordingDraft(Draft):
 
     def observe(self, features) -> None:
         self.inner.observe(features)
+
+    def vocab_model(self):
+        return self.inner.vocab_model()
+
+    def propose_sampled(self, ids, k, params, generator, vocab_size, draft_q=draft_distributions):
+        out, q = self.inner.propose_sampled(ids, k, params, generator, vocab_size, draft_q)
+        self.forwards = self.inner.forwards
+        self.proposals.append(list(out))
+        return out, q
 
 
 @dataclass

@@ -120,3 +120,43 @@ def test_cross_references_have_targets():
     refs = [m.split("<")[-1].rstrip(">").strip() for m in re.findall(r"\{(?:ref|prf:ref)\}`([^`]*)`", text)]
     missing = sorted({r for r in refs if r not in targets})
     assert refs and not missing, f"references without a (label)= target: {missing}"
+
+
+def fence_errors(text: str) -> list[str]:
+    """Unbalanced MyST colon fences: a closing line of fewer colons than its opening does not close it
+    (markdown-it's container rule), so a solution would swallow the next exercise. Exercises and
+    solutions must sit at the top level, hints inside an exercise."""
+    stack, errors = [], []
+    for no, line in enumerate(text.splitlines(), 1):
+        opened = re.match(r"^(:{3,})\{(\w+)\}", line)
+        closed = re.match(r"^(:{3,})\s*$", line)
+        if opened:
+            name = opened.group(2)
+            if name in ("exercise", "solution") and stack:
+                errors.append(f"line {no}: {{{name}}} opened inside {{{stack[-1][1]}}} (opened line {stack[-1][2]})")
+            if name == "hint" and (not stack or stack[-1][1] != "exercise"):
+                errors.append(f"line {no}: {{hint}} outside an exercise")
+            stack.append((len(opened.group(1)), name, no))
+        elif closed:
+            if not stack:
+                errors.append(f"line {no}: a closing fence with nothing open")
+            elif len(closed.group(1)) < stack[-1][0]:
+                errors.append(f"line {no}: {len(closed.group(1))} colons cannot close {{{stack[-1][1]}}} opened "
+                              f"with {stack[-1][0]} on line {stack[-1][2]}")
+            else:
+                stack.pop()
+    errors += [f"{{{name}}} opened on line {no} is never closed" for _, name, no in stack]
+    return errors
+
+
+def test_fence_checker_catches_a_solution_closed_too_short():
+    good = "::::{exercise}\n:label: a\n:::{hint}\n:class: dropdown\nx\n:::\n::::\n\n::::{solution} a\n:class: dropdown\ny\n::::\n"
+    assert fence_errors(good) == []
+    bad = good.replace("y\n::::\n", "y\n:::\n")
+    assert fence_errors(bad) and "cannot close {solution}" in fence_errors(bad)[0]
+
+
+@pytest.mark.parametrize("path", CHAPTERS + PAGES, ids=lambda p: p.name)
+def test_exercise_hint_and_solution_fences_are_balanced(path):
+    text = "\n\n".join(markdown_cells(path)) if path.suffix == ".ipynb" else path.read_text()
+    assert fence_errors(text) == []

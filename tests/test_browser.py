@@ -132,6 +132,10 @@ def page_problems(page) -> list[str]:
     if page.locator(".output.traceback, .output.error").count() or TRACEBACK.search(outputs):
         m = TRACEBACK.search(outputs)
         problems.append(f"Python error in an output: {m.group(0) if m else 'traceback output'}")
+    for line in page.evaluate("() => Array.from(document.querySelectorAll('div.highlight pre'))"
+                              ".filter(p => !p.closest('.cell_output') && p.scrollWidth > p.clientWidth + 2)"
+                              ".map(p => p.innerText.split('\\n').sort((a, b) => b.length - a.length)[0])"):
+        problems.append(f"code block wider than its box (a line is cut off or scrolls): {line[:70]!r}")
     # Visible prose only: hide code (which may legitimately contain backslashes and dollars).
     text = page.evaluate("""() => {
         const s = document.createElement('style');
@@ -260,6 +264,7 @@ BROKEN_EXPECT = {
     "external.html": "external request (aborted)",
     "traceback.html": "Python error in an output",
     "figure_none.html": "figure without an image",
+    "wide_code.html": "code block wider than its box",
 }
 
 

@@ -78,13 +78,21 @@ def test_bad_inputs():
 
 
 def test_positional_tokens_match_a_real_loop(target, noisy_draft_model, prompts):
-    """E from measured survival equals the tokens per round the loop emitted (rounds not cut by the budget)."""
+    """E = 1 + sum_i s_i with s_i the product of the per-position rates a_j that the sweep's bookkeeping
+    records (accepts / attempts by position) equals the tokens per round the loop emitted; a bookkeeping
+    that divides by all rounds instead of the verified ones does not (negative control)."""
+    import dataclasses
+
+    import numpy as np
+
     for k in (2, 4):
         result = speculative_greedy(target, ModelDraft(noisy_draft_model), prompts[3], k, 60)
-        full = [r for r in result.rounds if r.drafted == k]
-        rec = run_record(result, k)
-        assert sum(rec["accepts"]) == result.accepted
-        survival = [sum(r.accepted >= i for r in full) / len(full) for i in range(1, k + 1)]
-        assert cm.expected_tokens_positional(survival) == pytest.approx(
-            sum(r.emitted for r in full) / len(full), abs=1e-12)
+        full = [r for r in result.rounds if r.drafted == k]  # rounds not cut by the budget
+        rec = run_record(dataclasses.replace(result, rounds=full), k)
+        assert all(rec["attempts"]), "every position verified at least once: the check is not vacuous"
+        a = np.array(rec["accepts"]) / np.array(rec["attempts"])  # a_i, conditional on the drafts before
+        emitted = sum(r.emitted for r in full) / len(full)
+        assert cm.expected_tokens_positional(np.cumprod(a)) == pytest.approx(emitted, abs=1e-12)
+        wrong = np.array(rec["accepts"]) / len(full)  # unconditional: counts unverified drafts as failures
+        assert cm.expected_tokens_positional(np.cumprod(wrong)) != pytest.approx(emitted, abs=1e-3)
         assert 0 < result.acceptance_rate < 1  # a partial draft: the check is not vacuous

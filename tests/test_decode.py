@@ -140,3 +140,13 @@ def test_round_statistics_add_up(target, noisy_draft_model, prompts):
     assert spec.draft_forwards == sum(r.draft_forwards for r in spec.rounds)
     assert all(r.accepted <= r.drafted and r.emitted == r.accepted + 1 for r in spec.rounds)
     assert spec.wall_time >= spec.t_draft + spec.t_target - spec.t_prefill > 0
+
+
+def test_a_counts_verified_drafts_and_acceptance_rate_counts_drafted_ones():
+    from specnb.decode import DecodeResult, RoundStats
+
+    rounds = [RoundStats(4, 1, 2, False, 4, 0.0, 0.0), RoundStats(4, 4, 5, True, 4, 0.0, 0.0),
+              RoundStats(2, 0, 1, False, 2, 0.0, 0.0)]
+    res = DecodeResult(tokens=[0] * 8, prompt_len=1, wall_time=1.0, target_forwards=4, rounds=rounds)
+    assert res.acceptance_rate == 5 / 10      # accepted / drafted
+    assert res.a == 5 / 7                     # accepted / verified: 2 + 4 + 1 drafts were looked at

@@ -131,12 +131,12 @@ def test_training_passes_equal_drafting(target, tiny_data, trained):
 def test_stale_head_cache_is_caught(target, tiny_data, trained, monkeypatch):
     """Negative control: a head that forgets to crop its speculative keys/values cannot draft the
     next round silently: its masks are sized from what it believes the cache holds, so the
-    mismatch raises instead of attending to stale entries."""
+    mismatch raises, naming the cause, instead of attending to stale entries."""
     head = trained[0]
     seq = tiny_data[33]
     monkeypatch.setattr(HeadState, "drop_speculative", lambda self: setattr(self, "speculative", 0))
     _, state = _drafting_logits(head, seq, 4, 3)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="stale speculative entries were not rolled back"):
         _drafting_logits(head, seq, 9, 3, state)
 
 
@@ -198,8 +198,11 @@ def test_checkpoint_round_trip(target, tmp_path, trained):
     folder = _saved(target, tmp_path, head)
     loaded, card = th.load_head(target, folder)
     assert card["target_fingerprint"] == th.target_fingerprint(target)
-    for (k, v), (k2, v2) in zip(head.state_dict().items(), loaded.state_dict().items()):
-        assert k == k2 and torch.allclose(v.float(), v2.float(), atol=2e-3, rtol=1e-2)
+    saved, back = head.state_dict(), loaded.state_dict()
+    assert set(saved) == set(back) and saved  # a missing or extra tensor fails here, not silently in a zip
+    for key, value in saved.items():
+        assert back[key].shape == value.shape, key
+        assert torch.allclose(value.float(), back[key].float(), atol=2e-3, rtol=1e-2), key
 
 
 @pytest.mark.parametrize("damage", ["no card", "bad json", "no weights", "truncated weights", "other target",
@@ -243,3 +246,88 @@ def test_no_head_anywhere_names_make_draft(tmp_path, monkeypatch):
 def test_threshold_must_be_a_probability(target):
     with pytest.raises(ValueError, match="threshold"):
         HeadDraft(random_head(target), threshold=1.5)
+
+
+class LaggingFeatures(HeadDraft):
+    """Negative control: the head is handed every feature one position late (f_{t-1} where f_t belongs)."""
+
+    def reset(self, eos_token_id=None):
+        super().reset(eos_token_id)
+        self._last = None
+
+    def observe(self, features):
+        first = self._last if self._last is not None else features[:1]
+        self._last = features[-1:]
+        super().observe(torch.cat([first, features[:-1]]))
+
+
+def test_features_off_by_one_position_keep_greedy_exact_but_lose_acceptance(target, tiny_data, trained):
+    """Greedy stays exact whatever the draft proposes, so only acceptance can reveal a loop that hands
+    the head the wrong position's features: the lagging variant must lose most of its acceptance."""
+    head = trained[0]
+    held = [s.tokens[:s.prompt_len].tolist() for s in tiny_data[:8]]
+    acc = {"right": [], "lagging": []}
+    for ids in held:
+        base = greedy(target, ids, N_NEW).tokens
+        for name, draft in (("right", HeadDraft(head)), ("lagging", LaggingFeatures(head))):
+            result = speculative_greedy(target, draft, ids, 3, N_NEW)
+            assert result.tokens == base, name
+            acc[name].append(result.acceptance_rate)
+    right, lagging = sum(acc["right"]) / len(held), sum(acc["lagging"]) / len(held)
+    assert lagging < 0.5 * right, acc
+
+
+def test_the_schedule_and_the_threshold_really_act(target, tiny_data, trained):
+    """HeuristicK's k goes +2 after a fully accepted round and -1 (not below 1) after any other, round by
+    round; a higher confidence threshold drafts fewer tokens (it ends rounds early), and the output stays
+    plain greedy's throughout."""
+    head = trained[0]
+
+    class Tracked(HeuristicK):
+        def update(self, ids, n_accepted):
+            super().update(ids, n_accepted)
+            self.history.append(self.k)
+
+    grew = shrank = 0
+    for seq in tiny_data[:8]:
+        ids = seq.tokens[:seq.prompt_len].tolist()
+        sched = Tracked(HeadDraft(head), k_start=1)
+        sched.history = []
+        result = speculative_greedy(target, sched, ids, 16, N_NEW)
+        assert result.tokens == greedy(target, ids, N_NEW).tokens
+        before = 1
+        for r, after in zip(result.rounds[:-1], sched.history):  # the last round may be cut by the budget
+            full = r.drafted > 0 and r.accepted == r.drafted
+            assert after == (before + 2 if full else max(1, before - 1)), (r, before, after)
+            grew += after > before
+            shrank += after < before
+            before = after
+    assert grew and shrank, "the tiny data must exercise both directions of the schedule"
+    drafted = {}
+    for threshold in (0.0, 0.5, 0.9, 0.99):
+        drafted[threshold] = 0
+        for seq in tiny_data[:8]:
+            ids = seq.tokens[:seq.prompt_len].tolist()
+            result = speculative_greedy(target, HeadDraft(head, threshold=threshold), ids, 4, N_NEW)
+            assert result.tokens == greedy(target, ids, N_NEW).tokens
+            drafted[threshold] += result.drafted
+    counts = list(drafted.values())
+    assert counts == sorted(counts, reverse=True) and counts[-1] < counts[0], drafted  # it cuts rounds
+
+
+@pytest.mark.parametrize("mode", ["skip-target", "one-too-few"])
+def test_broken_rollback_in_sampling_mode_is_caught(target, prompts, mode):
+    """Sampling mode shares the loop's rollback: a broken one must change the seeded output (same seed,
+    same draws), as it changes greedy's."""
+    from specnb.drafts import ModelDraft
+    from specnb.tiny import perturbed_copy
+
+    draft_model = perturbed_copy(target, noise=0.02, seed=1)
+    params = SamplingParams(temperature=0.5)
+    changed = 0
+    for ids in prompts:
+        right = speculative_sample(target, ModelDraft(draft_model), ids, 4, N_NEW, params, seed=3)
+        broken = speculative_sample(target, ModelDraft(draft_model), ids, 4, N_NEW, params, seed=3,
+                                    rollback_mode=mode)
+        changed += right.tokens != broken.tokens
+    assert changed > 0

@@ -91,3 +91,29 @@ def test_shape_twin_has_the_published_size(model_id, params):
     n = sum(p.numel() for p in twin.model.parameters())
     assert abs(n - params) / params < 0.01
     assert twin.tokenizer is None and "random weights" in twin.label
+
+
+def test_a_wrapped_model_draft_with_another_vocabulary_is_refused():
+    """The vocabulary check follows the interface, not a class: a recorder or a k schedule around a
+    model draft with another vocabulary is refused like the bare draft."""
+    from specnb.decode import greedy, speculative_greedy
+    from specnb.drafts import HeuristicK, ModelDraft
+    from specnb.models import TokenizerMismatchError
+    from specnb.tiny import tiny_llama
+    from specnb.viz import RecordingDraft
+
+    target, other = tiny_llama(seed=0, vocab_size=96), tiny_llama(seed=1, vocab_size=80)
+    for draft in (ModelDraft(other), RecordingDraft(ModelDraft(other)), HeuristicK(ModelDraft(other)),
+                  RecordingDraft(HeuristicK(ModelDraft(other)))):
+        with pytest.raises(TokenizerMismatchError, match="vocab_size 80"):
+            speculative_greedy(target, draft, [1, 2, 3], 2, 4)
+    assert greedy(target, [1, 2, 3], 4).tokens  # the target itself is fine
+
+
+def test_a_wrapped_model_draft_is_not_calibrated_as_something_else(real):
+    from specnb.calibration import calibrate
+    from specnb.drafts import HeuristicK, ModelDraft, early_exit_model
+
+    draft = HeuristicK(ModelDraft(early_exit_model(real.model, 2)))
+    with pytest.raises(ValueError, match="calibrate the inner ModelDraft"):
+        calibrate(real.model, real.tokenizer, draft, [[1, 2, 3]], (1,), 4, 0.03, c=0.1)

@@ -147,3 +147,13 @@ def test_out_of_sample_calibration_uses_other_prompts(tiny_sweep, real):
     assert all(r.predicted["refined, out of sample"] > 0 for r in rows)
     by = errors_by(rows, "refined, out of sample", key=lambda r: r.draft)
     assert set(by) == {"lookup", "exit2"} and all(v >= 0 for v in by.values())
+
+
+def test_results_from_other_kernels_are_not_reused(tiny_sweep, tmp_path):
+    """Chapter 5 reuses chapter 4's sweep only if it was measured here, on the same kernels."""
+    from specnb.sweep import reusable
+
+    results = load_results(save_results(tiny_sweep, tmp_path / "sweep.json"))
+    assert reusable(results, SweepConfig(**results["config"])) is None
+    results["machine"]["kernels"] = "some other kernels"
+    assert "different kernels" in reusable(results, SweepConfig(**results["config"]))

@@ -71,9 +71,15 @@ def test_held_out_prompts_share_no_8_gram_with_training_data():
             train |= _ngrams(seq.tolist())
     shared = {p.text[:40]: len(_ngrams(tok(p.text)["input_ids"]) & train) for p in corpus.held_out_prompts()}
     assert not any(shared.values()), {k: v for k, v in shared.items() if v}
-    # and the check has teeth: a training prompt is caught
-    leaked = corpus.training_prompts()[0]
-    assert _ngrams(tok(leaked.text)["input_ids"]) & train or len(tok(leaked.text)["input_ids"]) < 8
+    # and the check has teeth: new prompts that quote the training data are caught, though none of them
+    # is a training prompt: a passage of the teacher-forced text, and a stretch of a generated continuation
+    teacher = corpus.teacher_text(th.TrainConfig().teacher_chars)[0]
+    quotes = ["Summarize this passage in one sentence: " + teacher[2000:2400]]
+    if ids_file.exists():
+        quotes.append("Continue the following text: " + tok.decode(seq[40:120].tolist()))
+    for text in quotes:
+        assert text not in {p.text for p in corpus.training_prompts()}
+        assert _ngrams(tok(text)["input_ids"]) & train, f"a quoted passage went unnoticed: {text[:60]!r}"
 
 
 def test_committed_head_card():
@@ -88,3 +94,19 @@ def test_committed_head_card():
     for key in ("target_fingerprint", "config", "data", "steps", "loss_curve", "held_out", "machine", "seconds"):
         assert key in card, key
     assert card["config"]["train"] == {**th.asdict(th.TrainConfig()), **card["config"]["train"]}
+    # values, not only keys: the card describes this head, for this target, with sane figures
+    from specnb.models import load_offline_target
+
+    target = load_offline_target().model
+    assert card["target_fingerprint"] == th.target_fingerprint(target)
+    head, _ = th.load_head(target, folder)
+    assert card["trainable_parameters"] == head.trainable_parameters > 0
+    assert card["config"]["head"]["draft_vocab"] == head.cfg.draft_vocab == len(head.vocab_ids)
+    ev = card["held_out"]
+    assert ev["positions"] > 1000 and all(0 <= x <= 1 for x in ev["agree"] + ev["chain"])
+    assert ev["chain"][0] == ev["agree"][0] and all(a >= b for a, b in zip(ev["chain"], ev["chain"][1:]))
+    assert 0.15 < ev["agree"][0] < card["train_agreement"]["agree"][0] + 0.1
+    steps = [point["step"] for point in card["loss_curve"]]
+    assert steps == sorted(steps) and 0 < steps[-1] <= card["steps"]
+    assert card["data"]["generated_sequences"] > 0 and card["data"]["teacher_tokens"] > 0
+    assert all(t > 0 for t in card["seconds"].values()) and card["machine"]["cpu"]

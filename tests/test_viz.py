@@ -36,6 +36,41 @@ def test_every_plot_helper_returns_its_figure():
     from specnb import plots
 
     tree = ast.parse(inspect.getsource(plots))
-    silent = [f.name for f in tree.body if isinstance(f, ast.FunctionDef) and "subplots" in ast.unparse(f)
-              and not any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(f))]
-    assert not silent, f"plot helpers that do not return their figure: {silent}"
+
+    def figure_name(f):
+        """The name bound to the figure by ``fig, ... = plt.subplots(...)`` (or ``fig = plt.figure()``)."""
+        for node in ast.walk(f):
+            if isinstance(node, ast.Assign) and "subplots" in ast.unparse(node.value):
+                target = node.targets[0]
+                return (target.elts[0] if isinstance(target, ast.Tuple) else target).id
+        return None
+
+    bad = []
+    for f in tree.body:
+        if not (isinstance(f, ast.FunctionDef) and "subplots" in ast.unparse(f)):
+            continue
+        name = figure_name(f)
+        returns = [n for n in ast.walk(f) if isinstance(n, ast.Return)]
+        last = f.body[-1]
+        if (name is None or any(r.value is None for r in returns) or not isinstance(last, ast.Return)
+                or not (isinstance(last.value, ast.Name) and last.value.id == name)):
+            bad.append(f.name)
+    assert not bad, f"plot helpers that do not end by returning the figure they drew: {bad}"
+
+
+def test_recording_draft_in_sampling_mode_changes_nothing(target, noisy_draft_model, prompts):
+    """RecordingDraft delegates propose_sampled: the same seed gives the same tokens with and without it,
+    and every round's proposal is recorded."""
+    from specnb.decode import speculative_sample
+    from specnb.drafts import ModelDraft
+    from specnb.sampling import SamplingParams
+    from specnb.viz import RecordingDraft
+
+    params = SamplingParams(temperature=0.8)
+    bare = speculative_sample(target, ModelDraft(noisy_draft_model), prompts[2], 3, 16, params, seed=5)
+    rec = RecordingDraft(ModelDraft(noisy_draft_model))
+    wrapped = speculative_sample(target, rec, prompts[2], 3, 16, params, seed=5)
+    assert wrapped.tokens == bare.tokens
+    assert len(rec.proposals) == len(wrapped.rounds)
+    assert all(len(p) >= r.drafted for p, r in zip(rec.proposals, wrapped.rounds))
+    assert sum(map(len, rec.proposals)) > 0

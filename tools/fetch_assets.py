@@ -50,7 +50,8 @@ ASSETS = [
      {"dist": "@jupyter-widgets/html-manager/dist", "package.json": "@jupyter-widgets/html-manager/package.json"}),
 ]
 # Our own glue, copied next to them: RequireJS's baseUrl, and MathJax 2's Hub.Queue on MathJax 3.
-OWN = {Path(__file__).parent / "static" / "widgets-setup.js": "site/widgets-setup.js"}
+OWN = {Path(__file__).parent / "static" / "widgets-setup.js": "site/widgets-setup.js",
+       Path(__file__).parent / "static" / "specnb.css": "site/specnb.css"}
 SKIP_SUFFIXES = (".map",)
 SKIP_NAMES = {"embed.js", "libembed-amd.js", "embed.js.LICENSE.txt"}   # only embed-amd.js is loaded
 STAMP = ".fetched"
