@@ -26,8 +26,11 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info() -> dict:
-    """Machine and library versions, for every printed timing and every results file."""
+def machine_info(model=None) -> dict:
+    """Machine and library versions, for every printed timing and every results file.
+
+    ``kernels`` names the kernels ``model`` runs (:mod:`specnb.kernels`), or without a model the
+    kernels most recently applied in this process."""
     import torch
     import transformers
 
@@ -41,9 +44,11 @@ def machine_info() -> dict:
         "transformers": transformers.__version__,
         "platform": platform.platform(),
     }
-    from .kernels import in_use
+    from .kernels import in_use, kernels_of
 
-    info["kernels"] = in_use().label if in_use() is not None else "torch default (specnb.kernels not applied)"
+    kernels = kernels_of(model) if model is not None else in_use()
+    info["kernels"] = (kernels.label if kernels is not None
+                       else "kernels not chosen yet (specnb chooses them when it loads a model)")
     try:
         with open("/proc/meminfo") as f:
             info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
@@ -52,9 +57,9 @@ def machine_info() -> dict:
     return info
 
 
-def machine_line() -> str:
-    """One line: CPU, cores, memory, torch and transformers versions."""
-    i = machine_info()
+def machine_line(model=None) -> str:
+    """One line: CPU, cores, memory, torch and transformers versions, kernels (of ``model`` if given)."""
+    i = machine_info(model)
     where = i["gpu"] or f"{i['cpu']}, {i['cores']} cores ({i['torch_threads']} torch threads)"
     mem = f", {i['memory_gib']} GiB" if "memory_gib" in i else ""
     return (f"{where}{mem}; Python {i['python']}, torch {i['torch']}, transformers {i['transformers']}; "

@@ -281,6 +281,9 @@ def choose_for(model: torch.nn.Module, allowed=("mkl", "onednn", "mixed"), remea
     """auto: the kernels for ``model`` on this machine, from the cache or measured now (and cached)."""
     if not onednn_available():
         return make("onednn")  # -> the mkl fallback, saying why
+    if not any(type(m) is torch.nn.Linear or isinstance(m, KernelLinear) for m in model.modules()):
+        return make("mkl", how=f"nothing to choose: {type(model).__name__} has no nn.Linear layers "
+                               "(GPT-2 uses its own Conv1D), so torch's default kernels run it")
     key = machine_key(model)
     path = _cache_file()
     try:

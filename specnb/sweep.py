@@ -41,6 +41,7 @@ from .costmodel import naive_speedup, refined_speedup, speedup
 from .decode import DecodeResult, greedy, speculative_greedy
 from .drafts import draft_from_name
 from .env import machine_info
+from .kernels import kernels_of
 from .prompts import by_kind, encode
 from .timing import cost_ratio, forward_time_curve
 
@@ -170,6 +171,8 @@ def run_sweep(model: torch.nn.Module, tokenizer, config: SweepConfig = SweepConf
 
         tw_target, tw_draft = load_twin_pair(pair)
         twins[pair] = {"target": tw_target.name, "draft": tw_draft.name,
+                       "kernels": {"target": kernels_of(tw_target.model).label,
+                                   "draft": kernels_of(tw_draft.model).label},
                        **cost_ratio(tw_target.model, tw_draft.model, context_len=config.context_len,
                                     repeats=config.twin_repeats, progress=progress)}
         twins[pair].pop("machine")
@@ -181,7 +184,7 @@ def run_sweep(model: torch.nn.Module, tokenizer, config: SweepConfig = SweepConf
              for key in ("ns", "context_len", "median", "q1", "q3", "min")}
     return {"format": FORMAT, "created": started.isoformat(timespec="seconds"),
             "elapsed_s": (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds(),
-            "model": label, "config": asdict(config), "machine": machine_info(), "curve": curve,
+            "model": label, "config": asdict(config), "machine": machine_info(model), "curve": curve,
             "runs": runs, "twins": twins}
 
 
@@ -366,7 +369,7 @@ def book_results_path(quick: bool) -> Path:
     return cache_dir() / "results" / f"sweep-{'quick' if quick else 'full'}.json"
 
 
-def reusable(results: dict, config: SweepConfig, max_age_hours: float = 12.0) -> str | None:
+def reusable(results: dict, config: SweepConfig, max_age_hours: float = 12.0, model=None) -> str | None:
     """Why ``results`` may not stand in for a new sweep of ``config`` on this machine (None: it may).
 
     Reuse needs the same configuration, the same machine and library versions,
@@ -376,7 +379,7 @@ def reusable(results: dict, config: SweepConfig, max_age_hours: float = 12.0) ->
         return "older results format"
     if results["config"] != json.loads(json.dumps(asdict(config))):
         return "different sweep configuration"
-    here = machine_info()
+    here = machine_info(model)  # the kernels of the model that would rerun the sweep
     for key in ("cpu", "cores", "torch_threads", "gpu", "torch", "transformers", "kernels"):
         if results["machine"].get(key) != here.get(key):
             return f"measured with a different {key} ({results['machine'].get(key)} vs {here.get(key)})"
@@ -396,7 +399,7 @@ def reuse_or_run(model: torch.nn.Module, tokenizer, config: SweepConfig, path: s
     if path.exists():
         try:
             results = load_results(path)
-            why = reusable(results, config, max_age_hours)
+            why = reusable(results, config, max_age_hours, model)
         except (ValueError, KeyError) as err:
             why = str(err)
         if why is None:

@@ -65,7 +65,7 @@ def forward_time_curve(model: torch.nn.Module, ns=(1, 2, 4, 8, 16), context_len:
     stats = {n: _stats(t) for n, t in times.items()}
     return {"ns": ns, "context_len": context_len, "times": times,
             **{key: {n: s[key] for n, s in stats.items()} for key in ("median", "q1", "q3", "min")},
-            "machine": machine_info()}
+            "machine": machine_info(model)}
 
 
 def _decode_steps(model: torch.nn.Module, prompt_ids: list[int]):
@@ -166,7 +166,7 @@ def cost_ratio(target: torch.nn.Module, draft: torch.nn.Module, context_len: int
     q1, med, q3 = np.percentile(ratios, [25, 50, 75])
     return {"c": float(med), "c_q1": float(q1), "c_q3": float(q3),
             "t_target": float(np.median(times["target"])), "t_draft": float(np.median(times["draft"])),
-            "machine": machine_info()}
+            "machine": machine_info(target)}
 
 
 @torch.inference_mode()

@@ -625,7 +625,7 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
         "train_agreement": train_eval,
         "seconds": {k: round(v, 1) for k, v in seconds.items()},
         "data_reused": reused,  # parts loaded from the specnb cache (their seconds are load times)
-        "machine": machine_info(),
+        "machine": machine_info(target),
         "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
     folder = save_head(head, card, Path(out) if out else head_dir())

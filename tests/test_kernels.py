@@ -162,3 +162,22 @@ def test_the_backend_is_named_where_results_are_written():
     k = use_kernels(model, make("mixed", 4))
     assert machine_info()["kernels"] == k.label and k.label in machine_line()
     assert kernels.describe(k)["onednn_from"] == 4 and kernels.describe(make("mkl"))["onednn_from"] is None
+
+
+def test_a_model_without_linear_layers_is_not_timed(monkeypatch):
+    """GPT-2's projections are Conv1D, not nn.Linear: there is nothing to route, so auto measures nothing."""
+    monkeypatch.setattr(kernels, "measure_curves", lambda model: pytest.fail("timed a model with nothing to route"))
+    model = torch.nn.Sequential(torch.nn.Conv1d(4, 4, 1))
+    k = kernels.choose_for(model)
+    assert k.backend == "mkl" and "nothing to choose" in k.how
+
+
+def test_results_name_the_kernels_of_their_model_not_of_the_last_one_loaded():
+    """A sweep loads shape twins after the target: its results must still name the target's kernels
+    (chapter 5 reuses them only on the same kernels)."""
+    from specnb.env import machine_info
+
+    target, twin = tiny_llama(seed=0), tiny_llama(seed=1)
+    k_target = use_kernels(target, make("mixed", 4))
+    use_kernels(twin, make("onednn"))  # loaded last
+    assert machine_info(target)["kernels"] == k_target.label != machine_info()["kernels"]
