@@ -24,7 +24,7 @@ def _caption(results: dict, width: int = 170) -> str:
     where = m.get("gpu") or f"{m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads)"
     text = (f"{results.get('model') or 'target'}; {cfg['max_new_tokens']} new tokens, {cfg['repeats']} repeat(s), "
             f"{cfg['prompts_per_kind']} prompt(s) per kind; measured {results['created'][:16]} on {where}; "
-            f"torch {m['torch']}, transformers {m['transformers']}")
+            f"torch {m['torch']}, transformers {m['transformers']}; {m.get('kernels', 'kernels not recorded')}")
     return textwrap.fill(text, width=width)
 
 
@@ -222,7 +222,9 @@ def training_curve(card: dict):
     bx.legend()
     m = card["machine"]
     fig.suptitle(textwrap.fill(f"trained {card['created'][:16]} on {m['cpu']}, {m['cores']} cores "
-                               f"({m['torch_threads']} torch threads), torch {m['torch']}", 120), fontsize=9)
+                               f"({m['torch_threads']} torch threads), torch {m['torch']}; "
+                               f"{m.get('kernels', 'kernels not recorded (trained before specnb.kernels)')}", 120),
+                 fontsize=9)
     fig.tight_layout()
     return fig
 
