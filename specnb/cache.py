@@ -94,6 +94,23 @@ def forward(model: torch.nn.Module, token_ids: list[int], cache, logits_to_keep:
     return logits
 
 
+def prefilled(model: torch.nn.Module, context_len: int, n_new: int, seed: int = 0, vocab: int | None = None):
+    """A cache holding ``context_len`` seeded random token ids, and ``n_new`` more ids to time with.
+
+    The timing functions (chapter 1's T(n), c, the verify breakdown, the kernels' choice) all start
+    from such a cache. ``vocab`` bounds the ids (default: the model's); the same seed gives the same ids,
+    so two models prefilled with one seed and vocab see the same context.
+    Returns ``(cache, new_ids: list[int] of length n_new)``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    vocab = vocab or model.config.vocab_size
+    context = torch.randint(0, vocab, (context_len,), generator=gen).tolist()
+    new = torch.randint(0, vocab, (n_new,), generator=gen).tolist()
+    cache = new_cache(model)
+    forward(model, context, cache, logits_to_keep=1)
+    return cache, new
+
+
 def _decoder_and_head(model: torch.nn.Module):
     """The model's decoder stack and LM head (transformers' ``get_decoder`` / ``get_output_embeddings``)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model

@@ -234,17 +234,12 @@ def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, re
     alternate inside each repeat, so a noisy machine's drift hits both alike. Leaves the model on
     MKL; the caller installs its choice.
     """
-    from .cache import forward, new_cache, rollback
+    from .cache import forward, prefilled, rollback
 
-    gen = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    context = torch.randint(0, vocab, (context_len,), generator=gen).tolist()
-    new = torch.randint(0, vocab, (max(ns),), generator=gen).tolist()
     backends = {"mkl": make("mkl"), "onednn": make("onednn")}
     times = {b: {n: [] for n in ns} for b in backends}
-    cache = new_cache(model)
     _install(model, backends["mkl"])
-    forward(model, context, cache, logits_to_keep=1)
+    cache, new = prefilled(model, context_len, max(ns), seed)
     for r in range(warmup + repeats):
         for b, kernels in backends.items():
             _install(model, kernels)

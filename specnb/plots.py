@@ -1,10 +1,11 @@
-"""Every figure of the book: the measured sweep (chapter 4) and the cost model (chapter 5) from a results dict,
-and the figures of chapters 1, 2, 3, 5 and 6 from the numbers their notebooks measured.
+"""Every figure of the book, each drawn by one function that returns it (the notebooks glue it).
 
-Every function takes the dict that :func:`specnb.sweep.run_sweep` returns (or
-:func:`specnb.sweep.load_results` reads back) and returns a matplotlib figure,
-so ``python -m specnb plot results.json`` redraws the book's figures without
-measuring again. Not covered: interactive figures (see :mod:`specnb.widgets`).
+Two kinds: the sweep's figures (chapters 4 and 5: ``acceptance_vs_k`` to ``predicted_vs_measured``,
+``save_all``) take the dict that :func:`specnb.sweep.run_sweep` returns (or
+:func:`specnb.sweep.load_results` reads back), so ``python -m specnb plot results.json`` redraws them
+without measuring again; the others take the plain numbers their chapter measured (arrays and dicts:
+T(n) curves, kernel curves, latencies, calibration rows, the head's card). Not covered:
+interactive figures (see :mod:`specnb.widgets`).
 """
 from __future__ import annotations
 
@@ -524,7 +525,7 @@ def report_speedups(rows: dict, title: str):
 
 def split_half(records: list[dict], title: str):
     """Chapter 7: the refined model's prediction against the measured speedup, each (kind, setting) predicted
-    from the other half of the calibration prompts (:func:`specnb.speedup.split_half_predictions`)."""
+    from the other half of the calibration prompts (:func:`specnb.paired.split_half_predictions`)."""
     fig, ax = plt.subplots(figsize=(5.2, 4.2))
     kinds = sorted({r["kind"] for r in records})
     for j, kind in enumerate(kinds):

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .cache import _decoder_and_head, cache_keyword, forward, new_cache, rollback
+from .cache import _decoder_and_head, cache_keyword, forward, prefilled, rollback
 from .kernels import KernelLinear, kernels_of, make, use_kernels
 
 BACKENDS = ("mkl", "onednn")
@@ -48,14 +48,9 @@ def verify_breakdown(model: torch.nn.Module, ns=(1, 2, 3, 5, 9), backends=BACKEN
     Returns ``{"ns", "backends", "median": {backend: {part: {n: s}}}, "max_diff": {n: float}}``.
     """
     ns = [int(n) for n in ns]
-    gen = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    context = torch.randint(0, vocab, (context_len,), generator=gen).tolist()
-    new = torch.randint(0, vocab, (max(ns),), generator=gen).tolist()
     before = kernels_of(model)
     chosen = {b: make(b) for b in backends}
-    cache = new_cache(model)
-    forward(model, context, cache, logits_to_keep=1)
+    cache, new = prefilled(model, context_len, max(ns), seed)
     _, lm_head = _decoder_and_head(model)
     parts = ("full", "body", "head")
     times = {b: {p: {n: [] for n in ns} for p in parts} for b in backends}
@@ -146,12 +141,7 @@ def op_table(model: torch.nn.Module, n: int, context_len: int = 64, repeats: int
     every position, on the model's own kernels: ``[(op name, ms per forward, share of the total), ...]``."""
     from torch.profiler import ProfilerActivity, profile
 
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    context = torch.randint(0, vocab, (context_len,), generator=gen).tolist()
-    new = torch.randint(0, vocab, (n,), generator=gen).tolist()
-    cache = new_cache(model)
-    forward(model, context, cache, logits_to_keep=1)
+    cache, new = prefilled(model, context_len, n)
     forward(model, new, cache)
     rollback(cache, n)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .cache import forward, new_cache, rollback
+from .cache import forward, new_cache, prefilled, rollback
 from .env import machine_info
 
 
@@ -47,12 +47,7 @@ def forward_time_curve(model: torch.nn.Module, ns=(1, 2, 4, 8, 16), context_len:
     "median": {n: s}, "q1": {n: s}, "q3": {n: s}, "min": {n: s}, "machine": machine_info()}``.
     """
     ns = [int(n) for n in ns]
-    gen = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    context = torch.randint(0, vocab, (context_len,), generator=gen).tolist()
-    new = torch.randint(0, vocab, (max(ns),), generator=gen).tolist()
-    cache = new_cache(model)
-    forward(model, context, cache, logits_to_keep=1)
+    cache, new = prefilled(model, context_len, max(ns), seed)
     times: dict[int, list[float]] = {n: [] for n in ns}
     for r in tqdm(range(warmup + repeats), desc="T(n) rounds", disable=not progress):
         for n in ns:
@@ -96,15 +91,12 @@ def decode_vs_t1(model: torch.nn.Module, prompt_ids: list[int], n_tokens: int, c
     timed T(1) forward through a fixed ``context_len`` cache, so load from other processes
     hits both alike. Returns ``{"decode": [s] * n_tokens, "t1": [s] * n_tokens}``.
     """
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (context_len + 1,), generator=gen).tolist()
-    cache = new_cache(model)
-    forward(model, ids[:-1], cache, logits_to_keep=1)
+    cache, new = prefilled(model, context_len, 1, seed)
     steps, out = _decode_steps(model, prompt_ids), {"decode": [], "t1": []}
     for _ in range(n_tokens):
         out["decode"].append(next(steps))
         t0 = time.perf_counter()
-        forward(model, ids[-1:], cache, logits_to_keep=0)
+        forward(model, new, cache, logits_to_keep=0)
         out["t1"].append(time.perf_counter() - t0)
         rollback(cache, 1)
     return out
@@ -146,18 +138,15 @@ def cost_ratio(target: torch.nn.Module, draft: torch.nn.Module, context_len: int
     is the real models' cost. Returns ``{"c": median of paired ratios, "c_q1", "c_q3",
     "t_target": median s, "t_draft": median s, "machine": machine_info()}``.
     """
-    gen = torch.Generator().manual_seed(seed)
-    vocab = min(target.config.vocab_size, draft.config.vocab_size)
-    ids = torch.randint(0, vocab, (context_len + 1,), generator=gen).tolist()
-    caches = {}
+    vocab = min(target.config.vocab_size, draft.config.vocab_size)  # the same ids mean something to both
+    caches, new = {}, None
     for name, model in (("target", target), ("draft", draft)):
-        caches[name] = new_cache(model)
-        forward(model, ids[:-1], caches[name], logits_to_keep=1)
+        caches[name], new = prefilled(model, context_len, 1, seed, vocab)
     times: dict[str, list[float]] = {"target": [], "draft": []}
     for r in tqdm(range(warmup + repeats), desc="c: draft vs target forward", disable=not progress):
         for name, model in (("draft", draft), ("target", target)):
             t0 = time.perf_counter()
-            forward(model, ids[-1:], caches[name], logits_to_keep=1)
+            forward(model, new, caches[name], logits_to_keep=1)
             dt = time.perf_counter() - t0
             rollback(caches[name], 1)
             if r >= warmup:

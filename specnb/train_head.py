@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .cache import cache_keyword
 from .kernels import kernels_of, use_kernels
 from .head import DraftHead, HeadConfig
 from .models import cache_dir
@@ -123,7 +124,7 @@ def generate_ids(target, encoded: list[list[int]], new_tokens: int, batch: int, 
             mask[r, L - len(encoded[i]):] = 1
         cache = new_cache(target)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        h = base(input_ids=ids, attention_mask=mask, position_ids=pos, **{_cache_kw(base): cache}).last_hidden_state
+        h = base(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_keyword(base): cache}).last_hidden_state
         hs, ys = [h], [lm_head(h).argmax(-1)]  # (B, L, H), (B, L)
         done = torch.zeros(B, dtype=torch.bool)
         for _ in range(new_tokens):
@@ -136,7 +137,7 @@ def generate_ids(target, encoded: list[list[int]], new_tokens: int, batch: int, 
             bar.update(B)
             if bool(done.all()):
                 break
-            h = base(input_ids=nxt, attention_mask=mask, position_ids=pos, **{_cache_kw(base): cache}).last_hidden_state
+            h = base(input_ids=nxt, attention_mask=mask, position_ids=pos, **{cache_keyword(base): cache}).last_hidden_state
             hs.append(h)
             ys.append(lm_head(h).argmax(-1))
         H, Y = torch.cat(hs, 1), torch.cat(ys, 1)  # features and labels for ids[:, :-1]
@@ -151,12 +152,6 @@ def generate_ids(target, encoded: list[list[int]], new_tokens: int, batch: int, 
                               "generated", len(encoded[i]))
     bar.close()
     return out  # type: ignore[return-value]
-
-
-def _cache_kw(module) -> str:
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 @torch.inference_mode()
@@ -411,9 +406,10 @@ def target_fingerprint(target) -> str:
     cfg = target.config.to_dict()
     for key in ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads"):
         h.update(f"{key}={cfg.get(key)};".encode())
+    last = f"model.layers.{cfg.get('num_hidden_layers', 1) - 1}."  # the last decoder layer (29 for SmolLM2-135M)
     with torch.no_grad():
         for name, p in sorted(target.state_dict().items()):
-            if name.endswith(("norm.weight", "embed_tokens.weight")) or name.startswith("model.layers.29."):
+            if name.endswith(("norm.weight", "embed_tokens.weight")) or name.startswith(last):
                 h.update(name.encode())
                 h.update(p.detach().float().flatten()[::97].numpy().tobytes())
     return h.hexdigest()[:16]

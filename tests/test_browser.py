@@ -147,6 +147,8 @@ def page_problems(page) -> list[str]:
     }""")
     for m in list(RAW_TEX.finditer(text))[:3]:
         problems.append(f"raw TeX in visible text: ...{text[max(0, m.start() - 30):m.end() + 30]!r}...")
+    for m in list(re.finditer("`", text))[:3]:  # e.g. a glued sentence with Markdown code in it
+        problems.append(f"raw Markdown backtick in visible text: ...{text[max(0, m.start() - 30):m.end() + 30]!r}...")
     return problems
 
 
@@ -265,6 +267,7 @@ BROKEN_EXPECT = {
     "traceback.html": "Python error in an output",
     "figure_none.html": "figure without an image",
     "wide_code.html": "code block wider than its box",
+    "raw_backtick.html": "raw Markdown backtick in visible text",
 }
 
 
