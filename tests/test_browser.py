@@ -147,8 +147,18 @@ def page_problems(page) -> list[str]:
     }""")
     for m in list(RAW_TEX.finditer(text))[:3]:
         problems.append(f"raw TeX in visible text: ...{text[max(0, m.start() - 30):m.end() + 30]!r}...")
-    for m in list(re.finditer("`", text))[:3]:  # e.g. a glued sentence with Markdown code in it
-        problems.append(f"raw Markdown backtick in visible text: ...{text[max(0, m.start() - 30):m.end() + 30]!r}...")
+    # The book's own prose only (cell outputs may show generated text, Markdown fences included):
+    # a backtick there is Markdown pasted as plain text, e.g. a glued sentence with code in it.
+    prose = page.evaluate("""() => {
+        const s = document.createElement('style');
+        s.textContent = 'pre, code, .highlight, script, style, .cell_output, .output {display: none !important}';
+        document.head.appendChild(s);
+        const t = document.body.innerText;
+        s.remove();
+        return t;
+    }""")
+    for m in list(re.finditer("`", prose))[:3]:
+        problems.append(f"raw Markdown backtick in visible text: ...{prose[max(0, m.start() - 30):m.end() + 30]!r}...")
     return problems
 
 
