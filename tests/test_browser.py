@@ -114,6 +114,18 @@ def open_page(ctx, url: str):
     return page, problems
 
 
+def visible_text(page, hidden: str) -> str:
+    """The page's visible text with the elements matching the CSS selector ``hidden`` left out."""
+    return page.evaluate("""(hidden) => {
+        const s = document.createElement('style');
+        s.textContent = hidden + ' {display: none !important}';
+        document.head.appendChild(s);
+        const t = document.body.innerText;
+        s.remove();
+        return t;
+    }""", hidden)
+
+
 def page_problems(page) -> list[str]:
     """Checks of a loaded page: images, raw TeX, tracebacks (console/network ones are collected by open_page)."""
     problems = []
@@ -137,26 +149,12 @@ def page_problems(page) -> list[str]:
                               ".map(p => p.innerText.split('\\n').sort((a, b) => b.length - a.length)[0])"):
         problems.append(f"code block wider than its box (a line is cut off or scrolls): {line[:70]!r}")
     # Visible prose only: hide code (which may legitimately contain backslashes and dollars).
-    text = page.evaluate("""() => {
-        const s = document.createElement('style');
-        s.textContent = 'pre, code, .highlight, script, style {display: none !important}';
-        document.head.appendChild(s);
-        const t = document.body.innerText;
-        s.remove();
-        return t;
-    }""")
+    text = visible_text(page, "pre, code, .highlight, script, style")
     for m in list(RAW_TEX.finditer(text))[:3]:
         problems.append(f"raw TeX in visible text: ...{text[max(0, m.start() - 30):m.end() + 30]!r}...")
     # The book's own prose only (cell outputs may show generated text, Markdown fences included):
     # a backtick there is Markdown pasted as plain text, e.g. a glued sentence with code in it.
-    prose = page.evaluate("""() => {
-        const s = document.createElement('style');
-        s.textContent = 'pre, code, .highlight, script, style, .cell_output, .output {display: none !important}';
-        document.head.appendChild(s);
-        const t = document.body.innerText;
-        s.remove();
-        return t;
-    }""")
+    prose = visible_text(page, "pre, code, .highlight, script, style, .cell_output, .output")
     for m in list(re.finditer("`", prose))[:3]:
         problems.append(f"raw Markdown backtick in visible text: ...{prose[max(0, m.start() - 30):m.end() + 30]!r}...")
     return problems

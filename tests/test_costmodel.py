@@ -87,6 +87,7 @@ def test_positional_tokens_match_a_real_loop(target, noisy_draft_model, prompts)
 
     for k in (2, 4):
         result = speculative_greedy(target, ModelDraft(noisy_draft_model), prompts[3], k, 60)
+        assert sum(run_record(result, k)["accepts"]) == result.accepted
         full = [r for r in result.rounds if r.drafted == k]  # rounds not cut by the budget
         rec = run_record(dataclasses.replace(result, rounds=full), k)
         assert all(rec["attempts"]), "every position verified at least once: the check is not vacuous"
