@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from .decode import greedy, speculative_greedy
 from .drafts import Draft, ModelDraft, PromptLookupDraft
-from .kernels import kernels_of, using
+from .kernels import kernels_of, make, using
 from .lookup_hf import HFPromptLookupDraft
 from .prompts import Prompt, encode
 
@@ -78,13 +78,18 @@ def baseline_vs_generate(model, tokenizer, prompts: list[Prompt], max_new_tokens
     """specnb greedy vs transformers ``generate``, alternating, after one warm-up of each.
 
     specnb runs on the model's own kernels (:mod:`specnb.kernels`). ``generate_kernels=None`` runs
-    ``generate`` on the same kernels (the two loops' cost alone); ``"mkl"`` runs it on torch's
-    default kernels, as transformers leaves a model (what a user of ``generate`` gets).
+    ``generate`` on the same kernels (the two loops' cost alone); ``"default"`` runs it as
+    transformers leaves a model: torch's default GEMM (MKL) and transformers' own SDPA call, which
+    copies the KV heads (what a user of ``generate`` gets); ``"mkl"``/``"onednn"``/``"mixed"`` name
+    a GEMM library with specnb's attention.
     """
     eos = tokenizer.eos_token_id
     ours_label = kernels_of(model).backend if kernels_of(model) is not None else "torch default"
-    theirs_kernels = generate_kernels or kernels_of(model) or "mkl"
-    theirs_label = generate_kernels or ours_label
+    if generate_kernels == "default":
+        theirs_kernels, theirs_label = make("mkl", attention="repeat"), "transformers defaults"
+    else:
+        theirs_kernels = generate_kernels or kernels_of(model) or "mkl"
+        theirs_label = generate_kernels or ours_label
 
     def theirs(ids, n):
         with using(model, theirs_kernels):

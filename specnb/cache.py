@@ -75,6 +75,34 @@ def rollback(cache, n_remove: int) -> None:
 
 
 @torch.inference_mode()
+def keep_path(cache, start: int, keep: list[int]) -> None:
+    """After a tree verify forward: keep the entries at ``start + keep[j]``, moved to ``start + j``.
+
+    The cache holds ``start`` positions of the sequence, then the N + 1 nodes of a token tree
+    (:mod:`specnb.tree`). ``keep`` lists the accepted path's nodes (ascending, the root 0 first);
+    every layer's keys and values at those offsets are copied into place, in order, and the cache
+    is cut to ``start + len(keep)`` through :func:`rollback` (which checks the length). For a
+    chain, keep = 0..n and nothing moves.
+    """
+    if not keep or keep[0] != 0 or any(b <= a for a, b in zip(keep, keep[1:])):
+        raise ValueError(f"keep must start at node 0 (the root) and increase, got {keep}")
+    total = cache_length(cache)
+    if start + keep[-1] >= total:
+        raise ValueError(f"node {keep[-1]} is past the cache's end ({total} positions, tree from {start})")
+    if keep != list(range(len(keep))):
+        layers = getattr(cache, "layers", None)
+        if layers is None or not all(hasattr(layer, "keys") for layer in layers):
+            raise NotImplementedError(f"{type(cache).__name__} has no per-layer keys/values to move; "
+                                      "token trees need transformers' DynamicCache")
+        src = torch.tensor(keep) + start
+        for layer in layers:
+            n = len(keep)
+            layer.keys[:, :, start:start + n] = layer.keys.index_select(2, src)
+            layer.values[:, :, start:start + n] = layer.values.index_select(2, src)
+    rollback(cache, total - start - len(keep))
+
+
+@torch.inference_mode()
 def forward(model: torch.nn.Module, token_ids: list[int], cache, logits_to_keep: int = 0) -> torch.Tensor:
     """Feed ``token_ids`` (appended after what ``cache`` holds) and return logits.
 

@@ -205,6 +205,9 @@ def _speculative_loop(target: torch.nn.Module, draft: Draft, ids: list[int], k: 
     Drafts with ``uses_features`` (a trained head) get the target's last hidden states of
     every position it has kept: those of the prefill, then each round's n + 1 kept positions.
     """
+    if draft.proposes_trees:
+        raise ValueError(f"{draft.name} proposes token trees, which this chain loop cannot verify (it would "
+                         "drop every branch but one): use specnb.tree_decode.speculative_tree_greedy")
     if draft.vocab_model() is not None:  # a draft running its own model, however wrapped
         check_vocab_sizes(target, draft.vocab_model())
     feats = draft.uses_features

@@ -37,6 +37,7 @@ class Draft(ABC):
 
     name: str = "draft"
     uses_features: bool = False  # True: the loop hands it the target's hidden states (see observe)
+    proposes_trees: bool = False  # True: only the tree loop (specnb.tree_decode) can verify what it proposes
 
     def __init__(self) -> None:
         self.forwards = 0  # draft model forwards since reset()
@@ -50,6 +51,15 @@ class Draft(ABC):
     @abstractmethod
     def propose(self, ids: list[int], k: int) -> list[int]:
         """Up to ``k`` proposed tokens to follow ``ids``. May return fewer (even none)."""
+
+    def propose_tree(self, ids: list[int], n_nodes: int):
+        """Up to ``n_nodes`` drafts after ``ids`` as a :class:`specnb.tree.Tree` (chapter 8).
+
+        This default is the chain of :meth:`propose`; tree drafts (``specnb.tree_drafts``) branch.
+        """
+        from .tree import Tree
+
+        return Tree.chain(self.propose(ids, n_nodes))
 
     def update(self, ids: list[int], n_accepted: int) -> None:
         """``ids`` is the sequence after the round; ``n_accepted`` drafted tokens were kept."""

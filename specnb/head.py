@@ -237,6 +237,53 @@ class HeadState:
         self.speculative = 0
 
     @torch.inference_mode()
+    def catch_up(self, ids: list[int]) -> torch.Tensor | None:
+        """Feed the real pairs the cache lacks, (f_t, x_{t+1}) for t = real .. n_pairs - 1; return
+        ``f^: (H,)``, the feature predicted for the last token of ``ids`` (None: no new pair to feed)."""
+        self.drop_speculative()
+        if cache_length(self.cache) != self.real:
+            raise RuntimeError(f"the head's KV cache holds {cache_length(self.cache)} positions but only "
+                               f"{self.real} came from the target's features: stale speculative entries were "
+                               "not rolled back (HeadState.drop_speculative)")
+        n_pairs = min(self.n_features, len(ids) - 1)
+        if n_pairs <= self.real:
+            return None
+        feats = torch.cat(self.features, dim=0) if len(self.features) > 1 else self.features[0]
+        self.features = [feats]
+        t = torch.arange(self.real, n_pairs)
+        f = feats[self.real:n_pairs][None]  # (1, T, H)
+        x = torch.tensor(ids[self.real + 1:n_pairs + 1])[None]  # (1, T)
+        mask = causal_mask(self.real, len(t)) if self.real else None
+        pred = self.head(f, x, t[None], mask, self.cache)[0, -1]  # (H,)
+        self.forwards += 1
+        self.real = n_pairs
+        return pred
+
+    @torch.inference_mode()
+    def grow(self, parent_features: torch.Tensor, tokens: list[int], depths: list[int],
+             ancestors: list[list[int]]) -> torch.Tensor:
+        """Feed T tree nodes at once (chapter 8); returns their predicted features ``(T, H)``.
+
+        Node r is the pair (``parent_features[r]``: the feature predicted at its parent, ``tokens[r]``)
+        at position ``real + depths[r] - 1``; it sees every real pair, the speculative entries listed in
+        ``ancestors[r]`` (slots returned by earlier calls, its ancestors') and itself. Its slot is
+        ``speculative`` before the call plus r. ``parent_features: (T, H)``.
+        """
+        T = len(tokens)
+        s0 = self.real + self.speculative
+        mask = torch.zeros(1, 1, T, s0 + T, dtype=torch.bool)
+        mask[..., :self.real] = True
+        for r, slots in enumerate(ancestors):
+            for slot in slots:
+                mask[0, 0, r, self.real + slot] = True
+            mask[0, 0, r, s0 + r] = True
+        positions = torch.tensor([self.real + d - 1 for d in depths])[None]
+        pred = self.head(parent_features[None], torch.tensor([tokens]), positions, mask, self.cache)[0]
+        self.forwards += 1
+        self.speculative += T
+        return pred
+
+    @torch.inference_mode()
     def draft(self, ids: list[int], k: int, pick, eos_token_id: int | None = None) -> list[int]:
         """Up to ``k`` drafts after ``ids``; ``pick(i, logits)`` chooses each one.
 
@@ -245,27 +292,15 @@ class HeadState:
         The round also ends after ``eos_token_id``.
         Each call of the head is one draft forward (``self.forwards``).
         """
-        self.drop_speculative()
-        if cache_length(self.cache) != self.real:
-            raise RuntimeError(f"the head's KV cache holds {cache_length(self.cache)} positions but only "
-                               f"{self.real} came from the target's features: stale speculative entries were "
-                               "not rolled back (HeadState.drop_speculative)")
         head = self.head
-        n_pairs = min(self.n_features, len(ids) - 1)
-        if n_pairs <= self.real or k <= 0:
+        if k <= 0:
             return []
-        feats = torch.cat(self.features, dim=0) if len(self.features) > 1 else self.features[0]
-        self.features = [feats]
-        # 1. Feed the real pairs the cache lacks: (f_t, x_{t+1}) for t = real .. n_pairs - 1.
-        t = torch.arange(self.real, n_pairs)
-        f = feats[self.real:n_pairs][None]  # (1, T, H)
-        x = torch.tensor(ids[self.real + 1:n_pairs + 1])[None]  # (1, T)
-        mask = causal_mask(self.real, len(t)) if self.real else None
-        pred = head(f, x, t[None], mask, self.cache)[:, -1:]  # (1, 1, H): f^ for the last token of ids
-        self.forwards += 1
-        self.real = n_pairs
+        root = self.catch_up(ids)
+        if root is None:
+            return []
+        pred = root[None, None]  # (1, 1, H): f^ for the last token of ids
         out: list[int] = []
-        pos = n_pairs  # the position whose feature `pred` predicts
+        pos = self.real  # the position whose feature `pred` predicts
         for i in range(k):
             token = pick(i, head.logits(pred[0, 0]))
             if token is None:

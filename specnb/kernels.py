@@ -42,6 +42,21 @@ mechanism for fast verification, not two); ``torch.compile(model.forward, dynami
 T(1) 34.1 -> 30.4 ms and T(5) 54.2 -> 45.6 ms with the same argmax, but 224 s of compilation on
 2 cores in every new process (each notebook is one), which costs more than it saves here.
 
+Attention is part of the same choice. transformers' SDPA call copies every grouped KV head
+(``repeat_kv``: the target has 3 KV heads for 9 query heads) whenever it passes a mask, which is
+every forward of more than one token, i.e. every verify forward; torch's CPU SDPA takes grouped
+heads with a mask (``enable_gqa=True``), so :func:`grouped_sdpa`, registered with transformers'
+``AttentionInterface``, skips the copies: the same logits bit for bit, about 2 ms less per verify
+forward of the target on the Xeon (T(5) 47.1 -> 45.0 ms under oneDNN, T(1) unchanged). Every
+backend uses it (``attention="grouped"``); ``make(..., attention="repeat")`` keeps transformers'
+call, as ``bench`` does for "generate as transformers leaves the model".
+
+Also measured and not kept (Xeon, oneDNN, interleaved): one fused product for q/k/v and one for
+gate/up (210 -> 120 linear calls per forward) saved 0.7-1.7 ms per forward at n = 1..9, logits
+identical, but needs the attention and MLP modules patched; and the forward's time outside the
+linear layers (Python, norms, rotary, attention) is about 14 ms at n = 1 and grows by about 5 ms
+to n = 5 (torch profiler), so at T(1) = 34 ms no GEMM library alone brings T(5)/T(1) under 1.3 here.
+
 Not covered: quantized int8 kernels, GPUs (nothing here runs on CUDA tensors; they keep
 torch's defaults), and autograd through packed weights (a layer whose weight needs a gradient
 runs torch's own ``F.linear``, so training is unaffected). A weight changed in place after
@@ -74,13 +89,16 @@ class Kernels:
     onednn_from: int  # rows from which a linear layer runs oneDNN (1: always; NEVER: never)
     how: str = ""  # how it was chosen: "SPECNB_KERNELS=mkl", "auto (measured ...)", "fallback: ..."
     curves: dict = field(default_factory=dict)  # auto's medians in ms: {"mkl": {n: ms}, "onednn": {n: ms}}
+    attention: str = "grouped"  # "grouped": SDPA on the KV heads as stored; "repeat": transformers' default
 
     @property
     def label(self) -> str:
         """One short phrase for figure labels, JSON and ``specnb info``."""
         if self.backend == "mixed":
-            return f"mixed kernels (MKL below {self.onednn_from} rows, oneDNN from {self.onednn_from})"
-        return {"mkl": "MKL kernels (torch default)", "onednn": "oneDNN kernels (prepacked)"}[self.backend]
+            gemm = f"mixed kernels (MKL below {self.onednn_from} rows, oneDNN from {self.onednn_from})"
+        else:
+            gemm = {"mkl": "MKL kernels (torch default)", "onednn": "oneDNN kernels (prepacked)"}[self.backend]
+        return gemm + (", grouped-KV attention" if self.attention == "grouped" else "")
 
 
 def onednn_available() -> bool:
@@ -88,20 +106,74 @@ def onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def make(backend: str, onednn_from: int | None = None, how: str = "") -> Kernels:
+def make(backend: str, onednn_from: int | None = None, how: str = "", attention: str = "grouped") -> Kernels:
     """A :class:`Kernels` for ``backend`` in mkl/onednn/mixed (mixed needs ``onednn_from`` >= 2).
 
     Without oneDNN in this torch build, onednn and mixed fall back to mkl and ``how`` says so.
+    ``attention="repeat"`` keeps transformers' own SDPA call (what a user gets by default).
     """
     if backend not in CHOICES[1:]:
         raise ValueError(f"unknown kernel backend {backend!r}; valid: {', '.join(CHOICES)}")
+    if attention not in ATTENTIONS:
+        raise ValueError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTIONS)}")
     if backend != "mkl" and not onednn_available():
-        return Kernels("mkl", NEVER, f"fallback: this torch build has no oneDNN, {backend} -> mkl")
+        return Kernels("mkl", NEVER, f"fallback: this torch build has no oneDNN, {backend} -> mkl",
+                       attention=attention)
     if backend == "mixed":
         if onednn_from is None or onednn_from < 2:
             raise ValueError(f"mixed kernels need onednn_from >= 2 (got {onednn_from}); use onednn for 1")
-        return Kernels("mixed", int(onednn_from), how)
-    return Kernels(backend, 1 if backend == "onednn" else NEVER, how)
+        return Kernels("mixed", int(onednn_from), how, attention=attention)
+    return Kernels(backend, 1 if backend == "onednn" else NEVER, how, attention=attention)
+
+
+# --- attention: grouped KV heads without copies ------------------------------------------------
+
+ATTENTIONS = ("grouped", "repeat")
+GROUPED_SDPA = "specnb_grouped_sdpa"  # the name registered with transformers' AttentionInterface
+
+
+def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' SDPA attention, except that a masked CPU forward keeps the KV heads grouped.
+
+    ``query: (batch, heads, q_len, d)``, ``key, value: (batch, kv_heads, kv_len, d)``,
+    ``attention_mask: (batch, 1, q_len, kv_len)`` or None; returns ``((batch, q_len, heads, d), None)``.
+    transformers copies every KV head ``heads / kv_heads`` times (``repeat_kv``) whenever a mask is
+    given, which is every forward of more than one token (a verify forward); torch's CPU SDPA takes
+    ``enable_gqa=True`` with a mask, so the copies are skipped: the same arithmetic on the same
+    values (logits identical, checked in tests/test_kernels.py), about 2 ms less per verify forward
+    of the target on the Xeon. Every other case goes to transformers' own function unchanged.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if (attention_mask is not None and query.device.type == "cpu" and getattr(module, "num_key_value_groups", 1) > 1
+            and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
+            and not kwargs.get("output_attentions", False)):
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                             scale=scaling, enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
+    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+
+
+def _set_attention(model: torch.nn.Module, attention: str) -> None:
+    """Switch a transformers model between transformers' SDPA and :func:`grouped_sdpa`; others untouched."""
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if not hasattr(model, "set_attn_implementation") or current not in ("sdpa", GROUPED_SDPA):
+        return
+    want = GROUPED_SDPA if attention == "grouped" else "sdpa"
+    if current != want:
+        if want == GROUPED_SDPA:
+            _register_attention()
+        model.set_attn_implementation(want)
 
 
 class KernelLinear(torch.nn.Linear):
@@ -190,11 +262,12 @@ def using(model: torch.nn.Module, backend: str | Kernels):
         if before is not None:
             use_kernels(model, before)
         else:
-            _install(model, make("mkl"))
+            _install(model, make("mkl", attention="repeat"))
             del model._specnb_kernels
 
 
 def _install(model: torch.nn.Module, kernels: Kernels) -> None:
+    _set_attention(model, kernels.attention)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, KernelLinear):
@@ -221,7 +294,7 @@ def machine_key(model: torch.nn.Module) -> str:
                                                          "num_hidden_layers", "vocab_size"))
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return (f"{_cpu_model()} | {os.cpu_count()} cores | {torch.get_num_threads()} threads | "
-            f"torch {torch.__version__} | {type(model).__name__} {shape} {dtype}")
+            f"torch {torch.__version__} | {type(model).__name__} {shape} {dtype} | grouped-KV attention")
 
 
 @torch.inference_mode()

@@ -181,3 +181,73 @@ def test_results_name_the_kernels_of_their_model_not_of_the_last_one_loaded():
     k_target = use_kernels(target, make("mixed", 4))
     use_kernels(twin, make("onednn"))  # loaded last
     assert machine_info(target)["kernels"] == k_target.label != machine_info()["kernels"]
+
+
+# --- attention: grouped KV heads (no repeat_kv copies) ---------------------------------------
+
+def _verify_logits(model, n: int, context: int = 12, seed: int = 0) -> torch.Tensor:
+    """Logits of an n-token forward after a ``context``-token prefill (a masked forward when n > 1)."""
+    from specnb.cache import forward, prefilled
+
+    with torch.inference_mode():
+        cache, new = prefilled(model, context, n, seed)
+        return forward(model, new, cache)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_grouped_attention_gives_the_same_logits_as_transformers_sdpa(n):
+    model = tiny_llama(seed=3)
+    use_kernels(model, make("mkl", attention="repeat"))
+    assert model.config._attn_implementation == "sdpa"
+    ref = _verify_logits(model, n)
+    use_kernels(model, make("mkl"))
+    assert model.config._attn_implementation == kernels.GROUPED_SDPA
+    assert "grouped-KV attention" in kernels_of(model).label
+    torch.testing.assert_close(_verify_logits(model, n), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_grouped_attention_runs_on_masked_forwards(monkeypatch):
+    """It is really called with a mask on a verify-sized forward, and the equality above has teeth:
+    a variant that drops the mask (each new token then sees the later ones) is caught by it."""
+    model = tiny_llama(seed=3)
+    use_kernels(model, make("mkl", attention="repeat"))
+    ref = _verify_logits(model, 5)
+    use_kernels(model, make("mkl"))
+    calls = []
+    real = kernels.grouped_sdpa
+
+    def spy(module, query, key, value, attention_mask, **kw):
+        calls.append(attention_mask is not None)
+        return real(module, query, key, value, attention_mask, **kw)
+
+    from transformers import AttentionInterface
+    AttentionInterface.register(kernels.GROUPED_SDPA, spy)
+    try:
+        torch.testing.assert_close(_verify_logits(model, 5), ref, rtol=1e-6, atol=1e-6)
+        layers = model.config.num_hidden_layers
+        assert len(calls) == 2 * layers and all(calls[layers:])  # prefill (causal, no mask), then masked
+
+        def maskless(module, query, key, value, attention_mask, **kw):
+            return real(module, query, key, value, None, **kw)
+
+        AttentionInterface.register(kernels.GROUPED_SDPA, maskless)
+        broken = _verify_logits(model, 5)
+        assert (broken[:-1] - ref[:-1]).abs().max() > 1e-3  # the check would catch it
+    finally:
+        AttentionInterface.register(kernels.GROUPED_SDPA, real)
+
+
+def test_greedy_is_identical_with_either_attention(pair):
+    target, noisy = copy.deepcopy(pair[0]), copy.deepcopy(pair[1])
+    prompt = [5, 17, 33, 2, 9]
+    use_kernels(target, make("mixed", 3, attention="repeat"))
+    ref = greedy(target, prompt, 24, None).tokens
+    use_kernels(target, make("mixed", 3))
+    use_kernels(noisy, kernels_of(target))
+    assert greedy(target, prompt, 24, None).tokens == ref
+    assert speculative_greedy(target, ModelDraft(noisy), prompt, 4, 24, None).tokens == ref
+
+
+def test_unknown_attention_is_refused():
+    with pytest.raises(ValueError, match="unknown attention 'flash'.*grouped, repeat"):
+        make("mkl", attention="flash")
