@@ -247,6 +247,30 @@ def _info(args) -> int:
     return 0
 
 
+def _tree_bench(args) -> int:
+    from .env import machine_line
+    from .models import load_offline_target
+    from .train_head import load_head
+    from .tree_bench import default_settings, tree_vs_chain
+
+    target = load_offline_target()
+    head, _ = load_head(target.model)
+    n_cal, n_rep, repeats = (1, 1, 1) if args.quick else (args.calibration, args.report, args.repeats)
+    print(f"{target.label}; chapter 7's head; {args.max_new_tokens} new tokens; calibration {n_cal} and report "
+          f"{n_rep} held-out prompts per kind, {repeats} pass(es)")
+    print(machine_line(target.model))
+    bench = tree_vs_chain(target.model, target.tokenizer, head, tuple(args.kinds), n_cal, n_rep,
+                          args.max_new_tokens, repeats, default_settings(args.quick))
+    print(bench.table())
+    for kind, r in bench.ratios().items():
+        print(f"{kind}: dynamic tree / chain tokens per forward {r['tau_ratio_dynamic']:.2f}x; speedup "
+              f"dynamic - chain {r['speedup_gain_dynamic']:+.2f}, best tree - chain {r['speedup_gain_best_tree']:+.2f}")
+    runs = bench.calibration + bench.report
+    identical = sum(r["identical"] for r in runs)
+    print(f"{identical}/{len(runs)} runs identical to plain greedy")
+    return 0 if identical == len(runs) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specnb", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -303,6 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.set_defaults(func=_profile_verify)
+    p = sub.add_parser("tree-bench", help="chapter 8: head trees vs the head's chain, chosen on calibration prompts")
+    p.add_argument("--kinds", nargs="+", default=["prose", "code"])
+    p.add_argument("--calibration", type=int, default=4, help="held-out prompts per kind to choose settings on")
+    p.add_argument("--report", type=int, default=4, help="further held-out prompts per kind to report on")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--quick", action="store_true", help="four settings, one prompt each way, one pass")
+    p.set_defaults(func=_tree_bench)
     p = sub.add_parser("info", help="machine and library versions")
     p.set_defaults(func=_info)
     args = parser.parse_args(argv)

@@ -26,6 +26,7 @@ from .drafts import Draft, HeuristicK
 from .prompts import Prompt, encode
 from .sampling import SamplingParams
 from .sweep import _greedy_per_token, run_record
+from .tree_decode import speculative_tree_greedy
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,12 @@ class Setting:
     draft: str  # a key of the drafts dict
     k: int
     schedule: bool = False  # transformers' +2/-1 heuristic (k is then the cap; it starts at 4 or k)
+    tree: bool = False  # run the tree loop (chapter 8) with at most k nodes per tree
 
     @property
     def label(self) -> str:
+        if self.tree:
+            return f"{self.draft}, {self.k} nodes"
         return f"{self.draft}, k={self.k}" + (" (+2/-1)" if self.schedule else "")
 
 
@@ -64,12 +68,15 @@ def paired_runs(model: torch.nn.Module, tokenizer, prompts: list[Prompt], drafts
         for pi, (prompt, ids) in enumerate(zip(prompts, encoded)):
             before = greedy(model, ids, max_new_tokens, eos)
             for s in order:
-                spec = speculative_greedy(model, _draft_for(drafts, s), ids, s.k, max_new_tokens, eos)
+                if s.tree:
+                    spec = speculative_tree_greedy(model, drafts[s.draft], ids, s.k, max_new_tokens, eos)
+                else:
+                    spec = speculative_greedy(model, _draft_for(drafts, s), ids, s.k, max_new_tokens, eos)
                 after = greedy(model, ids, max_new_tokens, eos)
                 g = (_greedy_per_token(before) + _greedy_per_token(after)) / 2
                 rec = run_record(spec, s.k)
                 rec.update(kind=prompt.kind, prompt=pi, repeat=rep, setting=s.label, draft=s.draft, k=s.k,
-                           schedule=s.schedule, identical=spec.tokens == before.tokens,
+                           schedule=s.schedule, tree=s.tree, identical=spec.tokens == before.tokens,
                            greedy_per_token=g, speedup=g / ((spec.wall_time - spec.t_prefill) / len(spec.tokens)))
                 out.append(rec)
                 before = after

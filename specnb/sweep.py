@@ -98,11 +98,17 @@ def _greedy_per_token(g: DecodeResult) -> float:
 
 
 def run_record(spec: DecodeResult, k: int) -> dict:
-    """One speculative run as plain numbers: counts by draft position and times."""
+    """One speculative run as plain numbers: counts by draft position and times.
+
+    For a tree run (:mod:`specnb.tree_decode`) a position is a depth: depth i+1 is verified when
+    the walk reached depth i and the tree goes that deep; ``drafted`` counts nodes.
+    """
     attempts, accepts, drafted_hist = [0] * k, [0] * k, [0] * (k + 1)
-    for r in spec.rounds:
+    depths = getattr(spec, "depths", None)
+    for j, r in enumerate(spec.rounds):
         drafted_hist[r.drafted] += 1
-        for i in range(r.drafted):  # position i+1 is verified iff the i drafts before it were accepted
+        for i in range(depths[j] if depths is not None else r.drafted):
+            # position i+1 is verified iff the i drafts before it were accepted
             if r.accepted >= i:
                 attempts[i] += 1
                 accepts[i] += r.accepted > i
