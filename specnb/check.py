@@ -22,6 +22,7 @@ from .decode import greedy, speculative_greedy
 from .drafts import Draft
 from .kernels import using
 from .prompts import Prompt, encode
+from .tree_decode import speculative_tree_greedy
 
 
 @dataclass
@@ -77,7 +78,9 @@ def check_exactness(model, tokenizer, prompts: list[Prompt], drafts: list[Draft]
     """Compare speculative greedy with plain greedy on every prompt, draft and k.
 
     ``rollback_mode`` is passed to :func:`specnb.decode.speculative_greedy`; anything but ``"exact"`` is a
-    deliberately broken loop, for negative controls: the check must then report mismatches.
+    deliberately broken loop, for negative controls: the check must then report mismatches. Tree drafts
+    run the tree loop with at most k nodes; for them ``rollback_mode`` names one of
+    :data:`specnb.tree.TREE_BUGS`.
     """
     report = CheckReport()
     eos = tokenizer.eos_token_id
@@ -92,7 +95,11 @@ def check_exactness(model, tokenizer, prompts: list[Prompt], drafts: list[Draft]
         for draft in drafts:
             for k in ks:
                 key = (draft.name, k)
-                spec = speculative_greedy(model, draft, ids, k, max_new_tokens, eos, rollback_mode=rollback_mode)
+                if draft.proposes_trees:  # chapter 8: k is the tree's node budget
+                    spec = speculative_tree_greedy(model, draft, ids, k, max_new_tokens, eos,
+                                                   bug="exact" if rollback_mode == "exact" else rollback_mode)
+                else:
+                    spec = speculative_greedy(model, draft, ids, k, max_new_tokens, eos, rollback_mode=rollback_mode)
                 report.total[key] = report.total.get(key, 0) + 1
                 report.acceptance.setdefault(key, []).append(spec.acceptance_rate)
                 pos = first_difference(base.tokens, spec.tokens)

@@ -250,7 +250,10 @@ def draft_from_name(model: torch.nn.Module, name: str) -> Draft:
     """A draft for ``model`` by short name: ``lookup`` (prompt lookup), ``exitN`` (raw early exit
     at N layers, e.g. ``exit24``), ``self`` (the target drafting for itself: always right),
     ``head`` (chapter 7's trained head; ``head@0.4`` stops a round below top probability 0.4)
-    or ``hybrid`` (prompt lookup where the context has a match, else the head; ``hybrid@0.4``)."""
+    or ``hybrid`` (prompt lookup where the context has a match, else the head; ``hybrid@0.4``); tree drafts
+    (chapter 8, verified by :func:`specnb.tree_decode.speculative_tree_greedy`): ``tree-head`` (EAGLE-2's
+    dynamic tree from the head), ``tree-static`` (the head's top 3, each followed by its top-1 chain),
+    ``tree-lookup`` (prompt lookup with several matches)."""
     if name == "lookup":
         return PromptLookupDraft()
     if name.startswith("exit") and name[4:].isdigit():
@@ -269,7 +272,19 @@ def draft_from_name(model: torch.nn.Module, name: str) -> Draft:
         head_draft = HeadDraft(load_head(model)[0], threshold)
         return head_draft if base == "head" else HybridDraft(PromptLookupDraft(), head_draft,
                                                             name=f"lookup, else {head_draft.name}")
-    raise ValueError(f"unknown draft {name!r}: use lookup, self, exitN (e.g. exit24), head, head@0.4 or hybrid")
+    if name in ("tree-head", "tree-static"):
+        from .train_head import load_head
+        from .tree_drafts import HeadTreeDraft, shape_from_branching
+
+        head = load_head(model)[0]
+        return (HeadTreeDraft(head, depth=4, branch=3, width=3) if name == "tree-head"
+                else HeadTreeDraft(head, shape_from_branching((3, 1, 1))))
+    if name == "tree-lookup":
+        from .tree_drafts import LookupTreeDraft
+
+        return LookupTreeDraft()
+    raise ValueError(f"unknown draft {name!r}: use lookup, self, exitN (e.g. exit24), head, head@0.4, hybrid, "
+                     "or the tree drafts tree-head (dynamic), tree-static, tree-lookup")
 
 
 class HeadDraft(Draft):

@@ -96,3 +96,19 @@ def test_compare_backends_agrees_on_a_tiny_model_and_reports_a_divergence(target
     assert set(d.tokens) == {"mkl", "onednn"} and d.tokens["mkl"] != d.tokens["onednn"]
     assert all(m == m and m >= 0 for m in d.margins.values())
     assert "BACKENDS DIFFER" in check.backends_text(same, len(id_prompts), divergences)
+
+
+@pytest.mark.parametrize("mode", ["exact", "rejected-left-in-cache", "siblings-see-each-other"])
+def test_check_runs_tree_drafts_through_the_tree_loop_and_catches_a_broken_tree(target, id_prompts, mode):
+    from specnb.tree_drafts import HeadTreeDraft, LookupTreeDraft
+    from tests.test_head import random_head
+
+    head = random_head(target, v=96, seed=2)
+    drafts = [HeadTreeDraft(head, depth=3, branch=3, width=3), LookupTreeDraft()]
+    report = check_exactness(target, IdTokenizer(), id_prompts, drafts, ks=(4, 8), max_new_tokens=20,
+                             progress=False, rollback_mode=mode)
+    assert sum(report.total.values()) == 4 * len(id_prompts)
+    if mode == "exact":
+        assert report.all_match
+    else:
+        assert not report.all_match
