@@ -18,8 +18,9 @@ and not stored; a checkpoint holds only ``fc``, the layer, the norm and the
 
 Exactness does not depend on the head: the target verifies every draft with its
 full vocabulary. Training lives in ``train_head.py``, the draft interface in
-``drafts.HeadDraft``. Not covered: trees of candidates (EAGLE-2), several
-layers, and models other than Llama-style ones.
+``drafts.HeadDraft``; :meth:`HeadState.grow` feeds a whole level of a token tree at once
+(chapter 8, ``tree_drafts.HeadTreeDraft``). Not covered: several layers, and models other
+than Llama-style ones.
 """
 from __future__ import annotations
 

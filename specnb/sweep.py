@@ -117,7 +117,8 @@ def run_record(spec: DecodeResult, k: int) -> dict:
             "draft_forwards": spec.draft_forwards, "attempts": attempts, "accepts": accepts,
             "drafted_hist": drafted_hist, "t_draft": spec.t_draft, "t_verify": sum(r.t_target for r in spec.rounds),
             "t_prefill": spec.t_prefill, "wall": spec.wall_time,
-            "per_token": (spec.wall_time - spec.t_prefill) / len(spec.tokens)}
+            "per_token": (spec.wall_time - spec.t_prefill) / len(spec.tokens),
+            **({"walks": [[list(r), list(o)] for r, o in spec.walks]} if hasattr(spec, "walks") else {})}
 
 
 def run_sweep(model: torch.nn.Module, tokenizer, config: SweepConfig = SweepConfig(), label: str = "",

@@ -30,6 +30,9 @@ class TreeResult(DecodeResult):
     """A :class:`DecodeResult` of the tree loop; ``rounds[i].drafted`` counts the tree's nodes."""
 
     depths: list[int] = field(default_factory=list)  # each round's tree depth
+    # Each round's walk: the rank (position among its siblings) of the accepted child at each depth,
+    # and how many children each node the walk reached had (the last one's were all rejected).
+    walks: list[tuple[list[int], list[int]]] = field(default_factory=list)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -99,6 +102,8 @@ def speculative_tree_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, n
         path, token = greedy_walk(tree, g)
         result.margins += _margin(logits[path]).tolist()
         new = [tree.tokens[i - 1] for i in path[1:]] + [token]
+        kids = [tree.children(node) for node in path]
+        result.walks.append(([kids[j].index(path[j + 1]) for j in range(len(path) - 1)], [len(c) for c in kids]))
         # 4. Keep the root and the accepted path in the cache, moved into place.
         if bug == "path-not-moved":
             rollback(cache, tree.size + 1 - len(path))

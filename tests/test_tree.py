@@ -6,6 +6,8 @@ so every path of the acceptance walk and the cache cleanup is exercised.
 """
 import copy
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -329,3 +331,46 @@ def test_a_tree_past_the_context_names_the_node(prompts):
     ids = list(range(1, 25))
     with pytest.raises(ValueError, match="tree node 9 does not fit"):
         speculative_tree_greedy(small, Wide(), ids, 12, 4)
+
+
+# --- the cost model extended to trees ----------------------------------------------------------
+
+def test_rank_acceptance_counts_only_what_was_offered():
+    from specnb.tree_costmodel import rank_acceptance
+
+    records = [{"walks": [[[1, 0], [3, 1, 2]],  # rank 1 at depth 1, rank 0 at depth 2, then rejected
+                          [[], [3]],  # nothing at depth 1
+                          [[0], [3, 0]]]}]  # rank 0 at depth 1, then a leaf
+    A = rank_acceptance(records, depths=3, ranks=3)
+    assert A[0].tolist() == [1 / 3, 1 / 3, 0.0]
+    assert A[1, 0] == 1.0 and np.isnan(A[1, 1])  # depth 2 offered one child once, and it was taken
+    assert A[2, 0] == 0.0 and A[2, 1] == 0.0 and np.isnan(A[2, 2])
+
+
+def test_expected_tokens_of_a_chain_is_chapter_5s_E_and_of_a_fan_adds_the_ranks():
+    from specnb.costmodel import expected_tokens as chain_E
+    from specnb.tree_costmodel import expected_tokens, predict_speedup
+
+    A = np.array([[0.5, 0.2, 0.1], [0.4, 0.1, 0.05], [0.3, 0.1, 0.0]])
+    assert expected_tokens(chain_shape(3), A) == pytest.approx(1 + 0.5 + 0.5 * 0.4 + 0.5 * 0.4 * 0.3)
+    fan = shape_from_branching((3,))
+    assert expected_tokens(fan, A) == pytest.approx(1.8)
+    assert expected_tokens(fan, A, n_nodes=2) == pytest.approx(1.7)
+    assert predict_speedup(fan, A, 3, {4: 1.2}, 0.1) == pytest.approx(1.8 / 1.3)
+    with pytest.raises(ValueError, match="depth 4, rank 0"):
+        expected_tokens(chain_shape(4), A)
+    assert chain_E(0.5, 3) == pytest.approx(expected_tokens(chain_shape(3), np.full((3, 1), 0.5)))
+
+
+def test_tree_runs_record_their_walks(target, prompts, baselines):
+    from specnb.sweep import run_record
+    from specnb.tree_costmodel import rank_acceptance
+
+    ids, ref = prompts[3], baselines[3]
+    out = speculative_tree_greedy(target, OracleTree(ids, ref, 96, "right-last"), ids, 16, N_NEW)
+    rec = run_record(out, 16)
+    assert len(rec["walks"]) == len(out.rounds)
+    for (taken, offered), r in zip(rec["walks"], out.rounds):
+        assert len(taken) == r.accepted and all(t == 2 for t in taken)  # the right child is the third
+    A = rank_acceptance([rec], depths=3, ranks=3)
+    assert A[0, 2] == 1.0 and A[0, 0] == 0.0
