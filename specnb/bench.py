@@ -135,7 +135,7 @@ def speculative_vs_greedy(model, tokenizer, draft: Draft, prompts: list[Prompt],
 
 
 # ---------------------------------------------------------------------------------------------
-# Side by side with transformers' own speculative decoding (chapter 8).
+# Side by side with transformers' own speculative decoding (chapter 9).
 
 HF_METHODS = ("prompt_lookup", "assistant_model", "assistant_early_exit")
 

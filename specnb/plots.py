@@ -562,3 +562,74 @@ def acceptance_vs_temperature(table: dict, drafts, temperatures, title: str, k: 
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def tree_and_mask(tree, labels: list[str], accepted: list[int] | None = None, title: str = ""):
+    """A token tree drawn by depth (left) and its attention mask over the tree's nodes (right).
+
+    ``tree``: a :class:`specnb.tree.Tree`; ``labels``: N+1 strings, the root's first; ``accepted``:
+    the nodes of the accepted path (highlighted), root first.
+    """
+    depths = tree.depths()
+    n = tree.size + 1
+    rows: dict[int, list[int]] = {}
+    for i, d in enumerate(depths):
+        rows.setdefault(d, []).append(i)
+    y = {}
+    for d, nodes in rows.items():
+        for j, i in enumerate(nodes):
+            y[i] = -(j - (len(nodes) - 1) / 2)
+    acc = set(accepted or ())
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [1.25, 1]})
+    for i, p in enumerate(tree.parents, start=1):
+        ax.plot([depths[p], depths[i]], [y[p], y[i]], color="0.6", lw=1, zorder=1)
+    for i in range(n):
+        on = i in acc
+        ax.text(depths[i], y[i], f"{i}: {labels[i]}", ha="center", va="center", fontsize=8, zorder=2,
+                bbox=dict(boxstyle="round", fc="#cfe8cf" if on else "white", ec="green" if on else "0.4"))
+    ax.set_xlim(-0.5, max(depths) + 0.5)
+    ax.set_ylim(min(y.values()) - 0.7, max(y.values()) + 0.7)
+    ax.set_xticks(range(max(depths) + 1))
+    ax.set_xlabel("depth (position id = cache length + depth)")
+    ax.set_yticks([])
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+    ax.set_title("the tree (green: the accepted path)", fontsize=9)
+    bx.imshow(tree.ancestry().numpy(), cmap="Greens", vmin=0, vmax=1.4)
+    bx.set_xticks(range(n))
+    bx.set_yticks(range(n))
+    bx.set_xlabel("key: node")
+    bx.set_ylabel("query: node")
+    bx.set_title("mask over the tree's nodes (every node also sees the cache)", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def trees_vs_chain(rows: list[dict], title: str):
+    """Tokens per target forward and paired speedup of the best chain, static and dynamic tree, per kind.
+
+    ``rows``: :meth:`specnb.tree_bench.TreeBench.rows` (kind, family, tokens_per_round, speedup, q1, q3).
+    """
+    kinds = sorted({r["kind"] for r in rows})
+    families = [f for f in ("chain", "static tree", "dynamic tree") if any(r["family"] == f for r in rows)]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    x = np.arange(len(kinds))
+    w = 0.8 / len(families)
+    for j, fam in enumerate(families):
+        sel = [next(r for r in rows if r["kind"] == k and r["family"] == fam) for k in kinds]
+        axes[0].bar(x + (j - (len(families) - 1) / 2) * w, [r["tokens_per_round"] for r in sel], w, label=fam)
+        med = np.array([r["speedup"] for r in sel])
+        err = np.array([[r["speedup"] - r["q1"] for r in sel], [r["q3"] - r["speedup"] for r in sel]])
+        axes[1].bar(x + (j - (len(families) - 1) / 2) * w, med, w, yerr=err, capsize=3, label=fam)
+    axes[0].set_ylabel("tokens per target forward")
+    axes[1].set_ylabel("paired speedup (median, quartiles)")
+    axes[1].axhline(1.0, color="0.3", lw=0.8, ls="--")
+    for ax in axes:
+        ax.set_xticks(x)
+        ax.set_xticklabels(kinds)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    return fig
