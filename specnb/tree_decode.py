@@ -129,3 +129,97 @@ def speculative_tree_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, n
     result.draft_forwards = draft.forwards
     result.wall_time = time.perf_counter() - start
     return result
+
+
+@torch.inference_mode()
+def speculative_tree_sample(target: torch.nn.Module, draft, prompt_ids, n_nodes: int, max_new_tokens: int,
+                            params=None, seed: int = 0, eos_token_id: int | None = None,
+                            rule: str = "multi-candidate") -> TreeResult:
+    """Speculative sampling on trees: each emitted token has the distribution plain sampling gives it.
+
+    Each round the draft samples a tree (``draft.propose_tree_sampled``: the children of every
+    expanded node drawn from that node's q, which it reports); one target forward gives p at every
+    node (``warp`` of its logits with ``params``); the walk applies the multi-candidate rule
+    (:mod:`specnb.tree_sampling`) at each node it reaches, with that node's children as candidates:
+    an accepted child is moved to, else the rule's token is emitted and the round ends; at a leaf the
+    bonus token is drawn from p. The cache keeps the accepted path (:func:`specnb.cache.keep_path`).
+    ``rule="naive"`` is the biased variant, kept as a negative control.
+    """
+    from .sampling import SamplingParams, sample_token, warp
+    from .tree_sampling import multi_candidate_round
+
+    params = params or SamplingParams()
+    if not isinstance(n_nodes, int) or isinstance(n_nodes, bool) or n_nodes < 1:
+        raise ValueError(f"n_nodes must be an integer >= 1 (the most drafts a tree may hold), got {n_nodes!r}")
+    if not hasattr(draft, "propose_tree_sampled"):
+        raise ValueError(f"{draft.name} cannot sample a tree (no propose_tree_sampled): use a sampled tree draft "
+                         "such as specnb.tree_drafts.SampledHeadTree")
+    ids = validate(target, prompt_ids, max_new_tokens)
+    ctx = context_length(target)
+    vocab = target.config.vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    feats = draft.uses_features
+    draft.reset(eos_token_id)
+    result = TreeResult([], len(ids), 0.0, 0)
+    cache = new_cache(target)
+    start = time.perf_counter()
+    if len(ids) > 1:
+        if feats:
+            _, hidden = forward_features(target, ids[:-1], cache, logits_to_keep=1)
+            draft.observe(hidden)
+        else:
+            forward(target, ids[:-1], cache, logits_to_keep=1)
+        result.target_forwards += 1
+        result.t_prefill = time.perf_counter() - start
+    while len(result.tokens) < max_new_tokens:
+        budget = max_new_tokens - len(result.tokens)
+        t0 = time.perf_counter()
+        forwards_before = draft.forwards
+        tree, qs = draft.propose_tree_sampled(ids, n_nodes, params, generator, vocab)
+        tree = tree.within(budget - 1).cut_after_eos(eos_token_id)
+        past = len(ids) - 1
+        if past + tree.size + 1 > ctx:
+            raise ValueError(f"tree node {ctx - past} does not fit: the sequence holds {past + 1} of the model's "
+                             f"{ctx} positions and the tree has {tree.size} nodes; propose a smaller tree")
+        t1 = time.perf_counter()
+        if feats:
+            logits, hidden = forward_tree(target, ids[-1], tree, cache, features=True, position=past)
+        else:
+            logits = forward_tree(target, ids[-1], tree, cache, position=past)
+        t2 = time.perf_counter()
+        p = warp(logits, params)  # (N+1, vocab)
+        path, ranks, offered = [0], [], []
+        while True:
+            node = path[-1]
+            kids = tree.children(node)
+            offered.append(len(kids))
+            if not kids:
+                token = sample_token(p[node], generator)  # a leaf: the bonus token
+                break
+            chosen, token = multi_candidate_round(p[node], qs[node], [tree.tokens[c - 1] for c in kids], generator,
+                                                  draft.replacement, rule)
+            if chosen is None:
+                break
+            path.append(kids[chosen])
+            ranks.append(chosen)
+        new = [tree.tokens[i - 1] for i in path[1:]] + [token]
+        keep_path(cache, past, path)
+        n = len(path) - 1
+        if eos_token_id is not None and eos_token_id in new:
+            new = new[: new.index(eos_token_id) + 1]
+            result.stop = "eos"
+        ids = ids + new
+        result.tokens += new
+        result.target_forwards += 1
+        result.depths.append(tree.depth)
+        result.walks.append((ranks, offered))
+        result.rounds.append(RoundStats(tree.size, n, len(new), tree.size > 0 and not tree.children(path[-1]),
+                                        draft.forwards - forwards_before, t1 - t0, t2 - t1))
+        if result.stop == "eos":
+            break
+        if feats:
+            draft.observe(hidden[path])
+        draft.update(ids, n)
+    result.draft_forwards = draft.forwards
+    result.wall_time = time.perf_counter() - start
+    return result

@@ -151,6 +151,89 @@ class HeadTreeDraft(HeadDraft):
         return Tree(tokens, parents)
 
 
+class SampledHeadTree(HeadDraft):
+    """Sampling mode on a tree (chapter 8): the head draws ``branching[d]`` children of every node at depth d.
+
+    Each expanded node's children are drawn from ``q = warp(head logits)`` over the full vocabulary
+    (zero outside the head's V'), independently or without replacement, in draw order; the q of every
+    expanded node is returned for the multi-candidate rule (:func:`specnb.tree_sampling.multi_candidate_round`).
+    """
+
+    proposes_trees = True
+
+    def __init__(self, head, branching=(2, 2, 1), replacement: bool = True, name: str | None = None) -> None:
+        super().__init__(head)
+        if not branching or min(branching) < 1:
+            raise ValueError(f"branching must list at least one count >= 1 per depth, got {branching!r}")
+        self.branching, self.replacement = tuple(int(b) for b in branching), replacement
+        self.name = name or (f"head, sampled tree {'-'.join(map(str, self.branching))}"
+                             f" ({'independent' if replacement else 'without replacement'})")
+
+    def propose_tree(self, ids, n_nodes):
+        raise TypeError(f"{self.name} samples its tree: use specnb.tree_decode.speculative_tree_sample")
+
+    def propose_tree_sampled(self, ids: list[int], n_nodes: int, params, generator: torch.Generator,
+                             vocab_size: int) -> tuple[Tree, dict[int, torch.Tensor]]:
+        """A tree of at most ``n_nodes`` sampled drafts and ``{node: q (vocab,)}`` for every node with children."""
+        from .sampling import warp
+        from .tree_sampling import draw_candidates
+
+        if self.state is None:
+            self.reset(self.eos_token_id)
+        state, vocab_ids, eos = self.state, self.head.vocab_ids, self.eos_token_id
+        before = state.forwards
+        root = state.catch_up(ids)
+        tokens: list[int] = []
+        parents: list[int] = []
+        qs: dict[int, torch.Tensor] = {}
+        if root is None or n_nodes < 1:
+            return Tree.empty(), qs
+
+        def q_of(pred: torch.Tensor) -> torch.Tensor:
+            full = torch.full((vocab_size,), float("-inf"), dtype=pred.dtype)
+            full[vocab_ids] = self.head.logits(pred)
+            return warp(full, params)
+
+        depth_of = {0: 0}
+        feat = {0: root}
+        slot: dict[int, int] = {}
+        frontier = [0]
+        for d, b in enumerate(self.branching):
+            grown = []
+            for node in frontier:
+                if len(tokens) >= n_nodes:
+                    break
+                q = q_of(feat[node])
+                m = min(b, n_nodes - len(tokens), int((q > 0).sum()))
+                if m < 1:
+                    continue
+                qs[node] = q
+                for t in draw_candidates(q, m, generator, self.replacement):
+                    tokens.append(t)
+                    parents.append(node)
+                    depth_of[len(tokens)] = d + 1
+                    grown.append(len(tokens))
+            if d + 1 == len(self.branching) or len(tokens) >= n_nodes:
+                break
+            frontier = [c for c in grown if tokens[c - 1] != eos]
+            if not frontier:
+                break
+            ancestors = []
+            for c in frontier:
+                chain, p = [], parents[c - 1]
+                while p != 0:
+                    chain.append(slot[p])
+                    p = parents[p - 1]
+                ancestors.append(chain)
+            base = state.speculative
+            pred = state.grow(torch.stack([feat[parents[c - 1]] for c in frontier]), [tokens[c - 1] for c in frontier],
+                              [depth_of[c] for c in frontier], ancestors)
+            for r, c in enumerate(frontier):
+                slot[c], feat[c] = base + r, pred[r]
+        self.forwards += state.forwards - before
+        return Tree(tokens, parents), qs
+
+
 class LookupTreeDraft(PromptLookupDraft):
     """Prompt lookup with up to ``branches`` earlier matches merged into a trie.
 

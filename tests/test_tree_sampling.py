@@ -84,3 +84,72 @@ def test_without_replacement_draws_distinct_candidates():
         draw_candidates(q, 4, g, replacement=False)
     with pytest.raises(ValueError, match="rule must be one of"):
         round_distribution(q, q, 2, rule="first-pass")
+
+
+# --- the whole loop on a tree: speculative_tree_sample --------------------------------------------
+
+from specnb.tree_decode import speculative_tree_sample  # noqa: E402
+from specnb.tree_drafts import SampledHeadTree  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_head(target):
+    from tests.test_head import random_head
+
+    return random_head(target, v=96, seed=2)
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_tree_sampling_at_temperature_zero_is_greedy(target, prompts, baselines, tiny_head, replacement):
+    from specnb.sampling import SamplingParams
+
+    for ids, ref in zip(prompts[1:], baselines[1:]):
+        out = speculative_tree_sample(target, SampledHeadTree(tiny_head, (2, 2, 1), replacement), ids, 6, 24,
+                                      SamplingParams(temperature=0.0), seed=3)
+        assert out.tokens == ref
+
+
+def _two_token_marginals(target, ids, params):
+    """Exact distributions of the first and second sampled tokens after ``ids`` (float64)."""
+    from specnb.cache import forward, new_cache
+    from specnb.sampling import warp
+
+    with torch.inference_mode():
+        p1 = warp(forward(target, ids, new_cache(target))[-1], params).double()
+        V = len(p1)
+        batch = torch.tensor([ids + [x] for x in range(V)])
+        p2_given = warp(target(input_ids=batch).logits[:, -1], params).double()  # (V, V)
+    return p1, p1 @ p2_given
+
+
+def test_tree_sampling_follows_the_target_and_the_naive_rule_is_caught(target, prompts, tiny_head):
+    from specnb.sampling import SamplingParams
+
+    params = SamplingParams(temperature=1.0)
+    ids = prompts[2]
+    p1, p2 = _two_token_marginals(target, ids, params)
+    n = 1200
+
+    def run(rule, replacement):
+        firsts, seconds, deep = [], [], 0
+        for seed in range(n):
+            out = speculative_tree_sample(target, SampledHeadTree(tiny_head, (3, 2), replacement), ids, 9, 3,
+                                          params, seed=seed, rule=rule)
+            firsts.append(out.tokens[0])
+            seconds.append(out.tokens[1])
+            deep += out.rounds[0].accepted >= 2
+        return torch.tensor(firsts), torch.tensor(seconds), deep
+
+    for replacement in (True, False):
+        f, s, deep = run("multi-candidate", replacement)
+        assert chi_square_test(f, p1).p_value > 1e-3 and chi_square_test(s, p2).p_value > 1e-3
+        assert deep > 0  # some second tokens came from depth 2 of a tree
+    f, s, _ = run("naive", True)
+    assert min(chi_square_test(f, p1).p_value, chi_square_test(s, p2).p_value) < 1e-6
+
+
+def test_tree_sampling_refuses_a_draft_that_cannot_sample_a_tree(target, prompts):
+    from specnb.tree_drafts import LookupTreeDraft
+
+    with pytest.raises(ValueError, match="cannot sample a tree"):
+        speculative_tree_sample(target, LookupTreeDraft(), prompts[2], 4, 8)
