@@ -52,12 +52,13 @@ class CheckReport:
         return not self.mismatches
 
     def table(self) -> str:
-        lines = [f"{'draft':<28} {'k':>2}  {'identical':>9}  {'mean a':>6}"]
+        w = max([28] + [len(draft) for draft, _ in self.total])
+        lines = [f"{'draft':<{w}} {'k':>2}  {'identical':>9}  {'accepted/drafted':>16}"]
         for key in self.total:
             draft, k = key
             accs = [a for a in self.acceptance[key] if a == a]
             mean_a = sum(accs) / len(accs) if accs else float("nan")
-            lines.append(f"{draft:<28} {k:>2}  {self.matched[key]:>4}/{self.total[key]:<4}  {mean_a:6.3f}")
+            lines.append(f"{draft:<{w}} {k:>2}  {self.matched[key]:>4}/{self.total[key]:<4}  {mean_a:16.3f}")
         for m in self.mismatches:
             lines.append(f"MISMATCH prompt {m.prompt_index} ({m.kind}) draft={m.draft} k={m.k}: position {m.position}, "
                          f"greedy {m.greedy_token} vs speculative {m.spec_token}; target logit margin there "
