@@ -97,8 +97,7 @@ def check_exactness(model, tokenizer, prompts: list[Prompt], drafts: list[Draft]
             for k in ks:
                 key = (draft.name, k)
                 if draft.proposes_trees:  # chapter 8: k is the tree's node budget
-                    spec = speculative_tree_greedy(model, draft, ids, k, max_new_tokens, eos,
-                                                   bug="exact" if rollback_mode == "exact" else rollback_mode)
+                    spec = speculative_tree_greedy(model, draft, ids, k, max_new_tokens, eos, bug=rollback_mode)
                 else:
                     spec = speculative_greedy(model, draft, ids, k, max_new_tokens, eos, rollback_mode=rollback_mode)
                 report.total[key] = report.total.get(key, 0) + 1

@@ -197,6 +197,30 @@ class SamplingRule:
         return n, token
 
 
+def start_loop(target: torch.nn.Module, draft: Draft, ids: list[int], eos_token_id: int | None,
+               result: DecodeResult):
+    """Step 0 of every speculative loop (chain or tree): check the draft's vocabulary, reset it, and
+    prefill all but the last prompt token, handing the prefill's features to a draft that reads them.
+
+    Invariant from here on: the target cache holds every token of ``ids`` except the last one.
+    Returns ``(cache, start)`` with ``start`` the loop's ``perf_counter`` origin.
+    """
+    if draft.vocab_model() is not None:  # a draft running its own model, however wrapped
+        check_vocab_sizes(target, draft.vocab_model())
+    draft.reset(eos_token_id)
+    cache = new_cache(target)
+    start = time.perf_counter()
+    if len(ids) > 1:
+        if draft.uses_features:
+            _, hidden = forward_features(target, ids[:-1], cache, logits_to_keep=1)
+            draft.observe(hidden)  # (len(ids) - 1, H)
+        else:
+            forward(target, ids[:-1], cache, logits_to_keep=1)
+        result.target_forwards += 1
+        result.t_prefill = time.perf_counter() - start
+    return cache, start
+
+
 def _speculative_loop(target: torch.nn.Module, draft: Draft, ids: list[int], k: int, max_new_tokens: int,
                       eos_token_id: int | None, rule, result: DecodeResult, rollback_mode: str = "exact"
                       ) -> DecodeResult:
@@ -208,22 +232,8 @@ def _speculative_loop(target: torch.nn.Module, draft: Draft, ids: list[int], k: 
     if draft.proposes_trees:
         raise ValueError(f"{draft.name} proposes token trees, which this chain loop cannot verify (it would "
                          "drop every branch but one): use specnb.tree_decode.speculative_tree_greedy")
-    if draft.vocab_model() is not None:  # a draft running its own model, however wrapped
-        check_vocab_sizes(target, draft.vocab_model())
     feats = draft.uses_features
-    draft.reset(eos_token_id)
-    cache = new_cache(target)
-    start = time.perf_counter()
-    # 0. Prefill all but the last prompt token: invariant from here on, the
-    #    target cache holds every token of `ids` except the last one.
-    if len(ids) > 1:
-        if feats:
-            _, hidden = forward_features(target, ids[:-1], cache, logits_to_keep=1)
-            draft.observe(hidden)  # (len(ids) - 1, H)
-        else:
-            forward(target, ids[:-1], cache, logits_to_keep=1)
-        result.target_forwards += 1
-        result.t_prefill = time.perf_counter() - start
+    cache, start = start_loop(target, draft, ids, eos_token_id, result)
     while len(result.tokens) < max_new_tokens:
         budget = max_new_tokens - len(result.tokens)
         # 1. Fetch candidates: never more than the budget leaves room for (the round adds one more).

@@ -10,6 +10,8 @@ accepted path's keys and values, moved into place, and drops the rest; (5) the d
 
 The output equals :func:`specnb.decode.greedy`'s token for token; ``bug`` names a deliberately
 broken variant (:data:`specnb.tree.TREE_BUGS`) that the same equality check must catch.
+:func:`speculative_tree_sample` is the same loop with the multi-candidate rule of
+:mod:`specnb.tree_sampling` in steps 1 and 3 (as chapter 6's loop is the chain's).
 """
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache import cache_length, forward, forward_features, keep_path, new_cache, rollback
-from .decode import DecodeResult, RoundStats, _margin, validate
+from .cache import cache_length, keep_path, rollback
+from .decode import DecodeResult, RoundStats, _margin, start_loop, validate
 from .drafts import Draft
-from .models import check_vocab_sizes, context_length
+from .models import context_length
+from .sampling import SamplingParams, sample_token, warp
 from .tree import TREE_BUGS, Tree, forward_tree, greedy_walk
+from .tree_sampling import multi_candidate_round
 
 
 @dataclass
@@ -40,46 +44,65 @@ class TreeResult(DecodeResult):
         return self.tokens_per_round
 
 
-@torch.inference_mode()
-def speculative_tree_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, n_nodes: int,
-                            max_new_tokens: int, eos_token_id: int | None = None, bug: str = "exact"
-                            ) -> TreeResult:
-    """Speculative greedy decoding with trees of at most ``n_nodes`` drafts: output identical to greedy.
+class TreeGreedyRule:
+    """Greedy on a tree: the draft's tree as proposed, walked while a child carries the target's argmax."""
 
-    A chain draft works too (its tree is a chain of up to ``n_nodes``). ``bug`` other than
-    ``"exact"`` is a negative control: ``siblings-see-each-other``, ``sequential-positions``
-    (both in the mask/positions), ``rejected-left-in-cache`` (no cleanup after the round),
-    ``path-not-moved`` (the cache cut to the path's length without moving its entries).
-    """
-    if bug not in TREE_BUGS:
-        raise ValueError(f"bug must be one of {TREE_BUGS}, got {bug!r}")
+    def propose(self, draft: Draft, ids: list[int], n_nodes: int) -> tuple[Tree, dict | None]:
+        tree = draft.propose_tree(ids, n_nodes)
+        if not isinstance(tree, Tree):
+            raise TypeError(f"{draft.name}.propose_tree returned {type(tree).__name__}, not a specnb.tree.Tree")
+        return tree, None
+
+    def walk(self, tree: Tree, logits: torch.Tensor, qs, result: TreeResult) -> tuple[list[int], int]:
+        """``logits: (N+1, vocab)`` -> (the accepted path, root first; the target's token after it)."""
+        path, token = greedy_walk(tree, logits.argmax(dim=-1).tolist())
+        result.margins += _margin(logits[path]).tolist()
+        return path, token
+
+
+class TreeSamplingRule:
+    """Sampling on a tree: the draft samples each node's children and reports their q; at every node the
+    walk reaches, the multi-candidate rule (or the naive one, a negative control) accepts a child or emits."""
+
+    def __init__(self, params: SamplingParams, generator: torch.Generator, vocab: int, replacement: bool,
+                 rule: str) -> None:
+        self.params, self.generator, self.vocab, self.rule = params, generator, vocab, rule
+        self.replacement = replacement  # how the draft drew each node's children
+
+    def propose(self, draft: Draft, ids: list[int], n_nodes: int) -> tuple[Tree, dict]:
+        return draft.propose_tree_sampled(ids, n_nodes, self.params, self.generator, self.vocab)
+
+    def walk(self, tree: Tree, logits: torch.Tensor, qs: dict, result: TreeResult) -> tuple[list[int], int]:
+        p = warp(logits, self.params)  # (N+1, vocab)
+        path = [0]
+        while True:
+            kids = tree.children(path[-1])
+            if not kids:
+                return path, sample_token(p[path[-1]], self.generator)  # a leaf: the bonus token
+            chosen, token = multi_candidate_round(p[path[-1]], qs[path[-1]], [tree.tokens[c - 1] for c in kids],
+                                                  self.generator, self.replacement, self.rule)
+            if chosen is None:
+                return path, token
+            path.append(kids[chosen])
+
+
+def _check_n_nodes(n_nodes) -> None:
     if not isinstance(n_nodes, int) or isinstance(n_nodes, bool) or n_nodes < 1:
         raise ValueError(f"n_nodes must be an integer >= 1 (the most drafts a tree may hold), got {n_nodes!r}")
-    ids = validate(target, prompt_ids, max_new_tokens)
-    if draft.vocab_model() is not None:
-        check_vocab_sizes(target, draft.vocab_model())
+
+
+def _tree_loop(target: torch.nn.Module, draft: Draft, ids: list[int], n_nodes: int, max_new_tokens: int,
+               eos_token_id: int | None, rule, result: TreeResult, bug: str = "exact") -> TreeResult:
+    """The loop shared by tree greedy and tree sampling; ``rule`` proposes the tree and walks it (steps 1, 3)."""
     ctx = context_length(target)
     feats = draft.uses_features
-    draft.reset(eos_token_id)
-    result = TreeResult([], len(ids), 0.0, 0)
-    cache = new_cache(target)
-    start = time.perf_counter()
-    if len(ids) > 1:  # invariant: the cache holds every token of ids but the last
-        if feats:
-            _, hidden = forward_features(target, ids[:-1], cache, logits_to_keep=1)
-            draft.observe(hidden)
-        else:
-            forward(target, ids[:-1], cache, logits_to_keep=1)
-        result.target_forwards += 1
-        result.t_prefill = time.perf_counter() - start
+    cache, start = start_loop(target, draft, ids, eos_token_id, result)
     while len(result.tokens) < max_new_tokens:
         budget = max_new_tokens - len(result.tokens)
         # 1. A tree of drafts, cut to what the budget can emit and after any EOS.
         t0 = time.perf_counter()
         forwards_before = draft.forwards
-        tree = draft.propose_tree(ids, n_nodes)
-        if not isinstance(tree, Tree):
-            raise TypeError(f"{draft.name}.propose_tree returned {type(tree).__name__}, not a specnb.tree.Tree")
+        tree, qs = rule.propose(draft, ids, n_nodes)
         if tree.size > n_nodes:
             raise ValueError(f"{draft.name} proposed {tree.size} nodes; at most n_nodes = {n_nodes} were asked for")
         tree = tree.within(budget - 1).cut_after_eos(eos_token_id)
@@ -97,10 +120,8 @@ def speculative_tree_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, n
         else:
             logits = forward_tree(target, ids[-1], tree, cache, bug=bug, position=past)
         t2 = time.perf_counter()
-        # 3. Walk down the tree while a child carries the target's argmax.
-        g = logits.argmax(dim=-1).tolist()
-        path, token = greedy_walk(tree, g)
-        result.margins += _margin(logits[path]).tolist()
+        # 3. Walk down the tree: the accepted path, then one token of the target's.
+        path, token = rule.walk(tree, logits, qs, result)
         new = [tree.tokens[i - 1] for i in path[1:]] + [token]
         kids = [tree.children(node) for node in path]
         result.walks.append(([kids[j].index(path[j + 1]) for j in range(len(path) - 1)], [len(c) for c in kids]))
@@ -118,7 +139,7 @@ def speculative_tree_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, n
         result.margins = result.margins[: len(result.tokens)]
         result.target_forwards += 1
         result.depths.append(tree.depth)
-        result.rounds.append(RoundStats(tree.size, n, len(new), tree.size > 0 and not tree.children(path[-1]),
+        result.rounds.append(RoundStats(tree.size, n, len(new), tree.size > 0 and not kids[-1],
                                         draft.forwards - forwards_before, t1 - t0, t2 - t1))
         if result.stop == "eos":
             break
@@ -132,8 +153,27 @@ def speculative_tree_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, n
 
 
 @torch.inference_mode()
+def speculative_tree_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, n_nodes: int,
+                            max_new_tokens: int, eos_token_id: int | None = None, bug: str = "exact"
+                            ) -> TreeResult:
+    """Speculative greedy decoding with trees of at most ``n_nodes`` drafts: output identical to greedy.
+
+    A chain draft works too (its tree is a chain of up to ``n_nodes``). ``bug`` other than
+    ``"exact"`` is a negative control: ``siblings-see-each-other``, ``sequential-positions``
+    (both in the mask/positions), ``rejected-left-in-cache`` (no cleanup after the round),
+    ``path-not-moved`` (the cache cut to the path's length without moving its entries).
+    """
+    if bug not in TREE_BUGS:
+        raise ValueError(f"bug must be one of {TREE_BUGS}, got {bug!r}")
+    _check_n_nodes(n_nodes)
+    ids = validate(target, prompt_ids, max_new_tokens)
+    return _tree_loop(target, draft, ids, n_nodes, max_new_tokens, eos_token_id, TreeGreedyRule(),
+                      TreeResult([], len(ids), 0.0, 0), bug)
+
+
+@torch.inference_mode()
 def speculative_tree_sample(target: torch.nn.Module, draft, prompt_ids, n_nodes: int, max_new_tokens: int,
-                            params=None, seed: int = 0, eos_token_id: int | None = None,
+                            params: SamplingParams | None = None, seed: int = 0, eos_token_id: int | None = None,
                             rule: str = "multi-candidate") -> TreeResult:
     """Speculative sampling on trees: each emitted token has the distribution plain sampling gives it.
 
@@ -145,81 +185,12 @@ def speculative_tree_sample(target: torch.nn.Module, draft, prompt_ids, n_nodes:
     bonus token is drawn from p. The cache keeps the accepted path (:func:`specnb.cache.keep_path`).
     ``rule="naive"`` is the biased variant, kept as a negative control.
     """
-    from .sampling import SamplingParams, sample_token, warp
-    from .tree_sampling import multi_candidate_round
-
-    params = params or SamplingParams()
-    if not isinstance(n_nodes, int) or isinstance(n_nodes, bool) or n_nodes < 1:
-        raise ValueError(f"n_nodes must be an integer >= 1 (the most drafts a tree may hold), got {n_nodes!r}")
+    _check_n_nodes(n_nodes)
     if not hasattr(draft, "propose_tree_sampled"):
         raise ValueError(f"{draft.name} cannot sample a tree (no propose_tree_sampled): use a sampled tree draft "
                          "such as specnb.tree_drafts.SampledHeadTree")
     ids = validate(target, prompt_ids, max_new_tokens)
-    ctx = context_length(target)
-    vocab = target.config.vocab_size
-    generator = torch.Generator().manual_seed(seed)
-    feats = draft.uses_features
-    draft.reset(eos_token_id)
-    result = TreeResult([], len(ids), 0.0, 0)
-    cache = new_cache(target)
-    start = time.perf_counter()
-    if len(ids) > 1:
-        if feats:
-            _, hidden = forward_features(target, ids[:-1], cache, logits_to_keep=1)
-            draft.observe(hidden)
-        else:
-            forward(target, ids[:-1], cache, logits_to_keep=1)
-        result.target_forwards += 1
-        result.t_prefill = time.perf_counter() - start
-    while len(result.tokens) < max_new_tokens:
-        budget = max_new_tokens - len(result.tokens)
-        t0 = time.perf_counter()
-        forwards_before = draft.forwards
-        tree, qs = draft.propose_tree_sampled(ids, n_nodes, params, generator, vocab)
-        tree = tree.within(budget - 1).cut_after_eos(eos_token_id)
-        past = len(ids) - 1
-        if past + tree.size + 1 > ctx:
-            raise ValueError(f"tree node {ctx - past} does not fit: the sequence holds {past + 1} of the model's "
-                             f"{ctx} positions and the tree has {tree.size} nodes; propose a smaller tree")
-        t1 = time.perf_counter()
-        if feats:
-            logits, hidden = forward_tree(target, ids[-1], tree, cache, features=True, position=past)
-        else:
-            logits = forward_tree(target, ids[-1], tree, cache, position=past)
-        t2 = time.perf_counter()
-        p = warp(logits, params)  # (N+1, vocab)
-        path, ranks, offered = [0], [], []
-        while True:
-            node = path[-1]
-            kids = tree.children(node)
-            offered.append(len(kids))
-            if not kids:
-                token = sample_token(p[node], generator)  # a leaf: the bonus token
-                break
-            chosen, token = multi_candidate_round(p[node], qs[node], [tree.tokens[c - 1] for c in kids], generator,
-                                                  draft.replacement, rule)
-            if chosen is None:
-                break
-            path.append(kids[chosen])
-            ranks.append(chosen)
-        new = [tree.tokens[i - 1] for i in path[1:]] + [token]
-        keep_path(cache, past, path)
-        n = len(path) - 1
-        if eos_token_id is not None and eos_token_id in new:
-            new = new[: new.index(eos_token_id) + 1]
-            result.stop = "eos"
-        ids = ids + new
-        result.tokens += new
-        result.target_forwards += 1
-        result.depths.append(tree.depth)
-        result.walks.append((ranks, offered))
-        result.rounds.append(RoundStats(tree.size, n, len(new), tree.size > 0 and not tree.children(path[-1]),
-                                        draft.forwards - forwards_before, t1 - t0, t2 - t1))
-        if result.stop == "eos":
-            break
-        if feats:
-            draft.observe(hidden[path])
-        draft.update(ids, n)
-    result.draft_forwards = draft.forwards
-    result.wall_time = time.perf_counter() - start
-    return result
+    tree_rule = TreeSamplingRule(params or SamplingParams(), torch.Generator().manual_seed(seed),
+                                 target.config.vocab_size, draft.replacement, rule)
+    return _tree_loop(target, draft, ids, n_nodes, max_new_tokens, eos_token_id, tree_rule,
+                      TreeResult([], len(ids), 0.0, 0))

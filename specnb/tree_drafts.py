@@ -46,6 +46,28 @@ def check_shape(shape) -> tuple[tuple[int, ...], ...]:
     return paths
 
 
+def feed_level(state, nodes: list, parent_of, root, token_of, depth_of, feat: dict, slot: dict) -> torch.Tensor:
+    """Feed one level of a tree to the head (:meth:`specnb.head.HeadState.grow`); returns ``(len(nodes), H)``.
+
+    Each node is the pair (the feature predicted at its parent, its token), masked to its ancestors'
+    speculative entries (``slot``: node -> slot, for the nodes fed so far; the root has none). Records
+    each node's slot and predicted feature in ``slot`` and ``feat`` (``feat[root]`` must be set).
+    """
+    ancestors = []
+    for c in nodes:
+        chain, p = [], parent_of(c)
+        while p != root:
+            chain.append(slot[p])
+            p = parent_of(p)
+        ancestors.append(chain)
+    base = state.speculative
+    pred = state.grow(torch.stack([feat[parent_of(c)] for c in nodes]), [token_of(c) for c in nodes],
+                      [depth_of(c) for c in nodes], ancestors)
+    for r, c in enumerate(nodes):
+        slot[c], feat[c] = base + r, pred[r]
+    return pred
+
+
 class HeadTreeDraft(HeadDraft):
     """The chapter 7 head, drafting a tree: EAGLE-2's dynamic tree, or a static shape."""
 
@@ -118,20 +140,10 @@ class HeadTreeDraft(HeadDraft):
                 grow = sorted(grow, key=lambda c: -score[c])[: self.width]
             if not grow:
                 break
-            ancestors = []
-            for c in grow:
-                chain, p = [], par[c]
-                while p >= 0:
-                    chain.append(slot[p])
-                    p = par[p]
-                ancestors.append(chain)
-            base = state.speculative
-            pred = state.grow(torch.stack([feat[par[c]] for c in grow]), [tok[c] for c in grow],
-                              [dep[c] for c in grow], ancestors)
+            pred = feed_level(state, grow, lambda c: par[c], -1, lambda c: tok[c], lambda c: dep[c], feat, slot)
             lps = self._logprobs(pred)
             frontier = []
             for r, c in enumerate(grow):
-                slot[c], feat[c] = base + r, pred[r]
                 frontier += add_children(c, lps[r], wanted(rank[c]))
         # Keep the n_nodes best: by cumulative log-probability (dynamic; a child never beats its
         # parent, so the set is closed under ancestors) or in shape order (static).
@@ -218,18 +230,8 @@ class SampledHeadTree(HeadDraft):
             frontier = [c for c in grown if tokens[c - 1] != eos]
             if not frontier:
                 break
-            ancestors = []
-            for c in frontier:
-                chain, p = [], parents[c - 1]
-                while p != 0:
-                    chain.append(slot[p])
-                    p = parents[p - 1]
-                ancestors.append(chain)
-            base = state.speculative
-            pred = state.grow(torch.stack([feat[parents[c - 1]] for c in frontier]), [tokens[c - 1] for c in frontier],
-                              [depth_of[c] for c in frontier], ancestors)
-            for r, c in enumerate(frontier):
-                slot[c], feat[c] = base + r, pred[r]
+            feed_level(state, frontier, lambda c: parents[c - 1], 0, lambda c: tokens[c - 1], depth_of.__getitem__,
+                       feat, slot)
         self.forwards += state.forwards - before
         return Tree(tokens, parents), qs
 
