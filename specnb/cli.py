@@ -11,6 +11,7 @@
 * ``plot``: redraw every figure of chapter 4 from that file, without measuring.
 * ``train-draft``: train chapter 7's draft head (data, features, training, held-out
   agreement) into the specnb cache.
+* ``head-study``: chapter 7's ablation table and learning curve, written into the head's card.
 * ``profile-verify``: where a verify forward's time goes (decoder body, LM head, top ops).
 * ``info``: the machine and library versions.
 """
@@ -155,6 +156,11 @@ def _plot(args) -> int:
     return 0
 
 
+_TRAIN_FLAGS = ("epochs", "depth", "depth_decay", "draft_vocab", "reg_weight", "ce_weight", "noise", "lr",
+                "weight_decay", "seed", "max_prompts", "new_tokens", "teacher_chars", "train_fraction",
+                "soft_labels", "input_norms", "batch_tokens", "patience", "val_every")
+
+
 def _train_draft(args) -> int:
     import json
     from pathlib import Path
@@ -172,22 +178,34 @@ def _train_draft(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = th.TrainConfig.quick() if args.quick else th.TrainConfig()
-    for key in ("epochs", "depth", "draft_vocab", "reg_weight", "lr", "seed", "max_prompts", "new_tokens",
-                "teacher_chars"):
+    for key in _TRAIN_FLAGS:
         if getattr(args, key, None) is not None:
             setattr(cfg, key, getattr(args, key))
     target = load_offline_target()
     print(f"{target.label}; {machine_line()}")
+    if args.regenerate:
+        from . import head_data
+
+        ids = head_data.generate_training_ids(target.model, target.tokenizer, cfg.new_tokens, seed=cfg.seed,
+                                              max_prompts=cfg.max_prompts)
+        path = head_data.save_training_ids(ids, Path(args.ids_out) if args.ids_out else head_data.IDS_FILE)
+        m = ids["meta"]
+        print(f"regenerated {len(ids['ids'])} conversations ({m['new_token_count']} new tokens, {m['follow_ups']} "
+              f"second turns) in {m['dtype']}, batch {m['batch']}: {m['seconds']:.0f} s -> {path}")
     print(f"config: {json.dumps(th.asdict(cfg))}")
-    head, card = th.train_draft(target.model, target.tokenizer, cfg, out=args.out, reuse_data=not args.fresh)
+    head, card = th.train_draft(target.model, target.tokenizer, cfg, out=args.out, reuse_data=not args.fresh,
+                                ids_path=Path(args.ids_out) if args.ids_out else None)
     s = card["seconds"]
-    print(f"times (s): training data (greedy generation, features captured) {s['generated']:.0f}; "
+    print(f"times (s): features of the generated ids {s['generated']:.0f}; "
           f"teacher-forced features {s['teacher']:.0f}; held-out data {s['held_out']:.0f}; "
           f"training {s['training']:.0f}; evaluation {s['evaluation']:.0f}; total {sum(s.values()):.0f}")
     d = card["data"]
-    print(f"data: {d['generated_sequences']} generated sequences ({d['generated_tokens']} tokens), "
-          f"{d['teacher_documents']} teacher documents ({d['teacher_tokens']} tokens); V' = "
-          f"{card['config']['head']['draft_vocab']} covers {d['vocab_coverage_held_out']:.3f} of held-out labels")
+    print(f"data: {d['generated_sequences']} generated conversations ({d['generated_tokens']} tokens), "
+          f"{d['teacher_documents']} teacher documents ({d['teacher_tokens']} tokens); trained on "
+          f"{d['training_tokens']} tokens; dropped for sharing an 8-gram with held-out data: "
+          f"{d['dropped_for_shared_8_grams']}; V' = {card['config']['head']['draft_vocab']} covers "
+          f"{d['vocab_coverage_held_out']:.3f} of held-out labels")
+    print(f"steps: {card['kept_step']} kept of {card['steps']} planned (early stop at {card['stopped_at']})")
     held = card["held_out"]
     print("held-out agreement by draft position: " + ", ".join(f"{a:.3f}" for a in held["agree"]))
     print("held-out chain survival by draft position: " + ", ".join(f"{a:.3f}" for a in held["chain"]))
@@ -271,6 +289,56 @@ def _tree_bench(args) -> int:
     return 0 if identical == len(runs) else 1
 
 
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _head_study(args) -> int:
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from . import head_study, train_head as th
+    from .env import machine_line
+    from .head_data import build_data
+    from .models import load_offline_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_offline_target()
+    print(f"{target.label}; {machine_line(target.model)}")
+    if args.gen_throughput:
+        from .head_data import generation_throughput
+
+        for r in generation_throughput(target.model, target.tokenizer):
+            print(f"  generation {r['dtype']:8s} batch {r['batch']:3d}: {r['tokens_per_s']:.0f} new tokens/s")
+    if not (args.ablation or args.learning_curve):
+        return 0
+    cfg = th.TrainConfig.quick() if args.quick else th.TrainConfig()
+    data, _ = build_data(target.model, target.tokenizer, cfg,
+                         th.head_dir() / "data" / th.target_fingerprint(target.model))
+    folder = Path(args.into) if args.into else th.head_dir()
+    if args.ablation:
+        study = head_study.ablation(target.model, data, cfg, args.fraction, args.levers)
+        print(f"ablation on {args.fraction:g} of the training data ({study['rows'][0]['training_tokens']} tokens):")
+        for r in study["rows"]:
+            print(f"  {r['name']:18s} a_1 {r['a1']:.3f}  a_2|1 {_num(r['a2_given_1'])}  prose a_1 "
+                  f"{_num(r['by_kind'].get('prose', {}).get('a1'))}  ({r['seconds']:.0f} s)")
+        print(f"-> {head_study.write_into_card(folder, 'ablation', study)}")
+    if args.learning_curve:
+        fractions = tuple(args.fractions)
+        card_path = folder / "draft_head.json"
+        full = json.loads(card_path.read_text()) if card_path.exists() and not args.quick else None
+        curve = head_study.learning_curve(target.model, data, cfg, fractions, full=full)
+        print("learning curve:")
+        for r in curve["rows"]:
+            print(f"  {r['training_tokens']:8d} tokens: a_1 {r['a1']:.3f}  a_2|1 {_num(r['a2_given_1'])}  "
+                  f"({r['seconds']:.0f} s)")
+        print(f"-> {head_study.write_into_card(folder, 'learning_curve', curve)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specnb", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -317,10 +385,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="regenerate the data even if cached")
     p.add_argument("--out", help="folder for the head (default: the specnb cache)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    for key, kind in (("epochs", float), ("depth", int), ("draft-vocab", int), ("reg-weight", float),
-                      ("lr", float), ("seed", int), ("max-prompts", int), ("new-tokens", int),
-                      ("teacher-chars", int)):
-        p.add_argument(f"--{key}", type=kind)
+    p.add_argument("--regenerate", action="store_true",
+                   help="generate the training conversations' token ids from scratch first (timed on its own)")
+    p.add_argument("--ids-out", help="where --regenerate writes the ids (default: specnb/data/draft_train_ids.npz)")
+    for key in _TRAIN_FLAGS:
+        kind = type(getattr(__import__("specnb.train_head", fromlist=["x"]).TrainConfig(), key))
+        if kind is bool:
+            p.add_argument(f"--{key.replace('_', '-')}", type=lambda v: v.lower() in ("1", "true", "yes"))
+        else:
+            p.add_argument(f"--{key.replace('_', '-')}", type=kind)
     p.set_defaults(func=_train_draft)
     p = sub.add_parser("profile-verify", help="where a verify forward's time goes: decoder body, LM head, top ops")
     p.add_argument("--n", type=int, nargs="+", default=[1, 2, 3, 5, 9], help="tokens per forward (first: baseline)")
@@ -335,6 +408,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--quick", action="store_true", help="four settings, one prompt each way, one pass")
     p.set_defaults(func=_tree_bench)
+    p = sub.add_parser("head-study", help="chapter 7: the head's recipe lever by lever, and its learning curve")
+    p.add_argument("--gen-throughput", action="store_true",
+                   help="new tokens/s of batched generation at batch 16, 32, 64 in bfloat16 and float32")
+    p.add_argument("--ablation", action="store_true", help="base recipe, each lever alone, the helpful ones combined")
+    p.add_argument("--levers", nargs="+", help="only these levers (names in specnb.head_study.LEVERS)")
+    p.add_argument("--fraction", type=float, default=0.25, help="share of the training data for the ablation")
+    p.add_argument("--learning-curve", action="store_true", help="the default recipe at several data sizes")
+    p.add_argument("--fractions", type=float, nargs="+", default=[0.125, 0.25, 0.5, 1.0])
+    p.add_argument("--into", help="folder of the head whose card records the results (default: the specnb cache)")
+    p.add_argument("--quick", action="store_true", help="tiny data (tests)")
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=_head_study)
     p = sub.add_parser("info", help="machine and library versions")
     p.set_defaults(func=_info)
     args = parser.parse_args(argv)

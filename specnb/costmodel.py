@@ -115,3 +115,33 @@ def naive_speedup(a, k, draft_speedup):
     """
     a = np.asarray(a, dtype=float)
     return (1 + k * a) / (1 + k * a / np.asarray(draft_speedup, dtype=float))
+
+
+def speedup_positional(a1: float, a_rest: float, c: float, k: int, verify: Mapping[int, float]) -> float:
+    """Speedup at k with a_1 = ``a1`` and a_i|i-1 = ``a_rest`` for i >= 2: ``(1 + sum_i s_i) / (k c + T(k+1)/T(1))``."""
+    survival = [a1 * a_rest ** i for i in range(k)]
+    return refined_speedup(survival, c, k, _lookup(verify, k + 1))
+
+
+def needed_acceptance(target: float, c: float, verify: Mapping[int, float], k_max: int = 8,
+                      a_rest: float | None = None) -> tuple[float | None, int | None]:
+    """The smallest a_1 that reaches speedup ``target`` at some k <= ``k_max``, and that k.
+
+    ``a_rest``: a_i|i-1 for i >= 2 (None: equal to a_1, one a for every position); ``verify``:
+    measured T(n)/T(1). Returns (None, None) when no a_1 <= 1 reaches the target (the break-even
+    table of chapter 7).
+    """
+    best: tuple[float | None, int | None] = (None, None)
+    for k in range(1, k_max + 1):
+        if k + 1 > max(verify):
+            break
+        f = (lambda a: speedup_positional(a, a if a_rest is None else a_rest, c, k, verify))
+        if f(1.0) < target:
+            continue
+        lo, hi = 0.0, 1.0
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+        if best[0] is None or hi < best[0]:
+            best = (hi, k)
+    return best

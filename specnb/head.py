@@ -44,9 +44,10 @@ class HeadConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 100000.0
     draft_vocab: int = 8192  # V': how many of the most frequent training tokens the head can propose
+    input_norms: bool = False  # RMS-normalise the embedding and the feature separately before fc (EAGLE-3)
 
     @classmethod
-    def from_target(cls, config, draft_vocab: int) -> "HeadConfig":
+    def from_target(cls, config, draft_vocab: int, input_norms: bool = False) -> "HeadConfig":
         """The target's layer shape (a transformers ``LlamaConfig``) with a ``draft_vocab``-token vocabulary."""
         rope = getattr(config, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
@@ -54,7 +55,8 @@ class HeadConfig:
                    num_attention_heads=config.num_attention_heads,
                    num_key_value_heads=config.num_key_value_heads,
                    head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
-                   rms_norm_eps=float(config.rms_norm_eps), rope_theta=float(theta), draft_vocab=int(draft_vocab))
+                   rms_norm_eps=float(config.rms_norm_eps), rope_theta=float(theta), draft_vocab=int(draft_vocab),
+                   input_norms=bool(input_norms))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,6 +151,9 @@ class DraftHead(nn.Module):
         self.cfg = cfg
         H = cfg.hidden_size
         self.fc = nn.Linear(2 * H, H, bias=True)
+        if cfg.input_norms:
+            self.embed_norm = RMSNorm(H, cfg.rms_norm_eps)
+            self.feature_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.layer = DecoderLayer(cfg)
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.register_buffer("vocab_ids", torch.zeros(cfg.draft_vocab, dtype=torch.long))  # (V',) token ids
@@ -190,7 +195,10 @@ class DraftHead(nn.Module):
         Returns the predicted next features ``f^_{t+1}: (B, T, H)``. With no mask and
         no cache, attention is causal over the T inputs.
         """
-        x = self.fc(torch.cat([self.embed[next_tokens], features], dim=-1))
+        e = self.embed[next_tokens]
+        if self.cfg.input_norms:
+            e, features = self.embed_norm(e), self.feature_norm(features)
+        x = self.fc(torch.cat([e, features], dim=-1))
         cos, sin = self.rotary(positions)
         return self.norm(self.layer(x, cos, sin, mask, cache))
 

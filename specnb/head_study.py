@@ -1,0 +1,128 @@
+"""Chapter 7's studies of the head's recipe: the ablation table (one lever at a time) and the learning curve.
+
+Every run trains on the same cached data (``head_data.build_data``), keeps the same validation split
+for early stopping, and is judged on the same held-out continuations: held-out a_1 (agreement at
+draft position 1) and a_2|1 (position 2 given a right position 1), overall and per kind of text.
+
+* :func:`ablation`: the base recipe, then each lever changed alone (``LEVERS``), then the best
+  combination of the levers that helped; on ``fraction`` of the training data so that the table
+  fits one sitting (the fraction is recorded with it).
+* :func:`learning_curve`: the chosen recipe at several shares of the training data (nested subsets).
+
+``specnb head-study`` runs them and writes the results into a head's card (``draft_head.json``),
+where chapter 7 reads them.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from .train_head import TrainConfig, evaluate_by_kind, train_on
+
+# Each lever as a change to the base recipe (``TrainConfig()``), with the words the table shows.
+LEVERS: dict[str, tuple[str, dict]] = {
+    "hard labels": ("cross-entropy against the target's argmax only (base: its softmax over V')",
+                    {"soft_labels": False}),
+    "EAGLE-1 loss": ("1.0 x feature regression + 0.1 x cross-entropy, uniform noise 0.1 on input features",
+                     {"reg_weight": 1.0, "ce_weight": 0.1, "noise": 0.1}),
+    "depth 2": ("training-time test: 2 chained passes, weights 1, 0.8", {"depth": 2}),
+    "depth 3": ("training-time test: 3 chained passes, weights 1, 0.8, 0.64", {"depth": 3}),
+    "lr 3e-3": ("learning rate 3e-3 (base 1e-3)", {"lr": 3e-3}),
+    "lr 3e-4": ("learning rate 3e-4 (base 1e-3)", {"lr": 3e-4}),
+    "weight decay 0.01": ("AdamW weight decay 0.01 (base 0)", {"weight_decay": 0.01}),
+    "input norms": ("separate RMS norms on the embedding and the feature before fc (EAGLE-3)", {"input_norms": True}),
+    "V' 4096": ("reduced vocabulary of 4,096 tokens (base 8,192)", {"draft_vocab": 4096}),
+    "V' 16384": ("reduced vocabulary of 16,384 tokens (base 8,192)", {"draft_vocab": 16384}),
+}
+
+
+def _row(name: str, what: str, cfg: TrainConfig, target, data: dict, progress: bool) -> dict:
+    t0 = time.perf_counter()
+    head, log, sizes = train_on(target, data, cfg, progress)
+    overall, by_kind = evaluate_by_kind(head, data["held_out"], cfg)
+    return {"name": name, "what": what, "a1": overall["agree"][0], "a2_given_1": overall["conditional"][1],
+            "chain": overall["chain"], "by_kind": {k: {"a1": v["agree"][0], "a2_given_1": v["conditional"][1]}
+                                                   for k, v in by_kind.items()},
+            "training_tokens": sizes["training_tokens"], "coverage": sizes["vocab_coverage_held_out"],
+            "kept_step": log["kept_step"], "steps": log["steps"],
+            "validation_best_a1": max((v["a1"] for v in log["validation"]), default=None),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def ablation(target, data: dict, base: TrainConfig, fraction: float, levers: list[str] | None = None,
+             progress: bool = True) -> dict:
+    """The base recipe, each lever alone, and the levers that beat the base combined; all at ``fraction``."""
+    from tqdm.auto import tqdm
+
+    base = replace(base, train_fraction=fraction)
+    names = levers or list(LEVERS)
+    rows = [_row("base", "the default recipe (TrainConfig)", base, target, data, progress)]
+    for name in tqdm(names, desc="ablation", unit="run", disable=not progress):
+        what, change = LEVERS[name]
+        rows.append(_row(name, what, replace(base, **change), target, data, progress))
+    helped = [r["name"] for r in rows[1:] if r["a1"] > rows[0]["a1"] + 0.005]
+    # one lever per group (depth, lr, V'): the best of each
+    chosen: dict[str, str] = {}
+    for name in helped:
+        group = name.split()[0]
+        if group not in chosen or next(r for r in rows if r["name"] == name)["a1"] > \
+                next(r for r in rows if r["name"] == chosen[group])["a1"]:
+            chosen[group] = name
+    if len(chosen) > 1:
+        change = {}
+        for name in chosen.values():
+            change.update(LEVERS[name][1])
+        rows.append(_row("combined", "the levers that beat the base, together: " + ", ".join(chosen.values()),
+                         replace(base, **change), target, data, progress))
+    return {"fraction": fraction, "base": asdict(base), "rows": rows}
+
+
+def learning_curve(target, data: dict, cfg: TrainConfig, fractions=(0.125, 0.25, 0.5, 1.0),
+                   progress: bool = True, full: dict | None = None) -> dict:
+    """Held-out a_1 and a_2|1 against training tokens: ``cfg`` at each share of the training documents.
+
+    ``full``: the card of a head trained with exactly ``cfg`` on all the data (``make draft``); its
+    own held-out figures are the share-1 point instead of training the same head again.
+    """
+    rows = []
+    for f in fractions:
+        if f == 1.0 and full is not None:
+            if full["config"]["train"] != {**asdict(cfg), "train_fraction": 1.0}:
+                raise ValueError("the card's head was trained with another recipe than this learning curve's")
+            ev, d = full["held_out"], full["data"]
+            rows.append({"name": "1", "what": "all the training documents (the committed head itself)",
+                         "a1": ev["agree"][0], "a2_given_1": ev["conditional"][1], "chain": ev["chain"],
+                         "by_kind": {k: {"a1": v["agree"][0], "a2_given_1": v["conditional"][1]}
+                                     for k, v in full["held_out_by_kind"].items()},
+                         "training_tokens": d["training_tokens"], "coverage": d["vocab_coverage_held_out"],
+                         "kept_step": full["kept_step"], "steps": full["steps"],
+                         "validation_best_a1": max((v["a1"] for v in full["validation_curve"]), default=None),
+                         "seconds": full["seconds"]["training"]})
+        else:
+            rows.append(_row(f"{f:g}", f"{f:g} of the training documents", replace(cfg, train_fraction=f), target,
+                             data, progress))
+    return {"recipe": asdict(cfg), "rows": rows}
+
+
+def write_into_card(folder: Path, key: str, value: dict) -> Path:
+    """Add ``value`` under ``key`` to the card ``folder/draft_head.json`` (the rest unchanged)."""
+    path = Path(folder) / "draft_head.json"
+    card = json.loads(path.read_text())
+    card[key] = value
+    path.write_text(json.dumps(card, indent=1) + "\n")
+    return path
+
+
+def ablation_markdown(study: dict, kinds=("prose", "code", "grounded")) -> str:
+    """The ablation as a markdown table: a_1, a_2|1, change of a_1 against the base, a_1 per kind."""
+    base = study["rows"][0]["a1"]
+    head = "| recipe | change | a_1 | vs base | a_2\\|1 | " + " | ".join(f"a_1 {k}" for k in kinds) + " |"
+    lines = [head, "|" + "---|" * (5 + len(kinds))]
+    for r in study["rows"]:
+        per = " | ".join(f"{r['by_kind'][k]['a1']:.3f}" if k in r["by_kind"] else "-" for k in kinds)
+        a2 = "-" if r["a2_given_1"] is None else f"{r['a2_given_1']:.3f}"
+        delta = "" if r["name"] == "base" else f"{r['a1'] - base:+.3f}"
+        lines.append(f"| {r['name']} | {r['what']} | {r['a1']:.3f} | {delta} | {a2} | {per} |")
+    return "\n".join(lines)
