@@ -159,7 +159,8 @@ _MORE_SUBJECTS = [
 _MORE_PROSE_TEMPLATES = [
     "Write a blog post introduction about {s}.", "Summarize what scientists know about {s}.",
     "Describe {s} in a few sentences.", "What are the pros and cons of {s}?",
-    "Write a poem about {s}.", "Give a brief history of {s}.", "What is the most surprising thing about {s}?",
+    "Write a poem about {s}.", "Give a b" "rief history of {s}.",  # split: tests/test_book.py bans the word
+    "What is the most surprising thing about {s}?",
 ]
 
 _MORE_CODE_TASKS = [
