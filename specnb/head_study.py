@@ -46,7 +46,7 @@ def _row(name: str, what: str, cfg: TrainConfig, target, data: dict, progress: b
             "chain": overall["chain"], "by_kind": {k: {"a1": v["agree"][0], "a2_given_1": v["conditional"][1]}
                                                    for k, v in by_kind.items()},
             "training_tokens": sizes["training_tokens"], "coverage": sizes["vocab_coverage_held_out"],
-            "kept_step": log["kept_step"], "steps": log["steps"],
+            "draft_vocab": len(head.vocab_ids), "kept_step": log["kept_step"], "steps": log["steps"],
             "validation_best_a1": max((v["a1"] for v in log["validation"]), default=None),
             "seconds": round(time.perf_counter() - t0, 1)}
 
