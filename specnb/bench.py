@@ -365,11 +365,12 @@ def bench_table(model, tokenizer, drafts=("lookup-hf", "lookup", "exit24"), kind
 
 def table_markdown(rows: list[SideBySide], k_label: str = "best k") -> str:
     """``specnb bench``'s table: draft x kind -> a, c, best k, speedup, the transformers ratio."""
-    head = ("| draft | transformers method | kind | a specnb / transformers | accepted/drafted specnb / transformers "
-            f"| c | {k_label} | speedup specnb | speedup transformers | specnb / transformers tok/s | identical |")
-    lines = [head, "|" + "---|" * 11]
-    for r in rows:
-        lines.append(f"| {r.draft} | {r.method} | {r.kind} | {r.a('specnb'):.2f} / {r.a('hf'):.2f} | "
-                     f"{r.acceptance('specnb'):.2f} / {r.acceptance('hf'):.2f} | {r.c:.3f} | {r.k} | "
-                     f"{r.speedup('specnb'):.2f}x | {r.speedup('hf'):.2f}x | {r.ratio:.2f} | {r.identical}/{r.runs} |")
-    return "\n".join(lines)
+    from .booktext import table
+
+    return table(["draft", "transformers method", "kind", "a specnb / transformers",
+                  "accepted/drafted specnb / transformers", "c", k_label, "speedup specnb", "speedup transformers",
+                  "specnb / transformers tok/s", "identical"],
+                 [[r.draft, r.method, r.kind, f"{r.a('specnb'):.2f} / {r.a('hf'):.2f}",
+                   f"{r.acceptance('specnb'):.2f} / {r.acceptance('hf'):.2f}", f"{r.c:.3f}", r.k,
+                   f"{r.speedup('specnb'):.2f}x", f"{r.speedup('hf'):.2f}x", f"{r.ratio:.2f}", f"{r.identical}/{r.runs}"]
+                  for r in rows])

@@ -23,3 +23,20 @@ def g(name: str, value) -> None:
     from myst_nb import glue
 
     glue(name, value.item() if isinstance(value, np.generic) else value, display=False)
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    """A markdown table: ``header`` and ``rows`` of cells (``str()`` of each, ``|`` escaped).
+
+    The notebooks show it with ``display(Markdown(table(...)))``; one helper so that no chapter
+    builds table syntax by hand.
+    """
+    def cell(x) -> str:
+        return str(x).replace("|", "\\|").replace("\n", " ")
+
+    if any(len(r) != len(header) for r in rows):
+        raise ValueError(f"every row needs {len(header)} cells, as the header has: "
+                         f"{[len(r) for r in rows if len(r) != len(header)]}")
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines)

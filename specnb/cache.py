@@ -145,18 +145,35 @@ def _decoder_and_head(model: torch.nn.Module):
     return decoder, model.get_output_embeddings()
 
 
-@torch.inference_mode()
-def forward_features(model: torch.nn.Module, token_ids: list[int], cache, logits_to_keep: int = 0
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`forward`, also returning the last hidden states (what the LM head reads).
+def decoder_features(decoder: torch.nn.Module, layers: tuple[int, ...] = (), **inputs) -> torch.Tensor:
+    """Run ``decoder`` (a transformers decoder stack) on ``inputs``; its features ``(B, n, F)``.
 
-    Returns ``logits: (n or logits_to_keep, vocab)`` and ``hidden: (n, H)`` for all n fed
-    tokens. The logits are the LM head applied to those hidden states, as the model's own
-    forward computes them. A draft head (chapter 7) drafts from these features.
+    ``layers=()``: the last hidden states (after the final norm, what the LM head reads), F = H.
+    Otherwise the outputs of the listed decoder layers (1-based; ``hidden_states[i]``, before any
+    norm) then the last hidden states, concatenated: F = (len(layers) + 1) * H, the last H columns
+    always the last hidden states (EAGLE-3's low, middle and high features).
+    """
+    if not layers:
+        return decoder(**inputs).last_hidden_state
+    out = decoder(**inputs, output_hidden_states=True)
+    L = len(out.hidden_states) - 1
+    if any(not 1 <= i < L for i in layers):
+        raise ValueError(f"feature layers must be in 1..{L - 1} (the decoder has {L} layers), got {list(layers)}")
+    return torch.cat([out.hidden_states[i] for i in layers] + [out.last_hidden_state], dim=-1)
+
+
+@torch.inference_mode()
+def forward_features(model: torch.nn.Module, token_ids: list[int], cache, logits_to_keep: int = 0,
+                     layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`forward`, also returning the features a draft head reads (:func:`decoder_features`).
+
+    Returns ``logits: (n or logits_to_keep, vocab)`` and ``hidden: (n, F)`` for all n fed
+    tokens (F = H with no ``layers``). The logits are the LM head applied to the last hidden
+    states, as the model's own forward computes them. A draft head (chapter 7) drafts from these.
     """
     decoder, lm_head = _decoder_and_head(model)
     x = torch.tensor([token_ids], dtype=torch.long)  # (1, n)
-    out = decoder(input_ids=x, **{cache_keyword(decoder): cache, "use_cache": True})
-    hidden = out.last_hidden_state[0]  # (n, H)
-    logits = lm_head(hidden[-logits_to_keep:] if logits_to_keep else hidden)
+    hidden = decoder_features(decoder, layers, input_ids=x, **{cache_keyword(decoder): cache, "use_cache": True})[0]
+    last = hidden[:, -model.config.hidden_size:] if layers else hidden  # (n, H)
+    logits = lm_head(last[-logits_to_keep:] if logits_to_keep else last)
     return logits, hidden

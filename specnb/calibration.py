@@ -41,6 +41,7 @@ from .cache import forward, new_cache
 from .costmodel import refined_speedup
 from .decode import greedy
 from .drafts import Draft, ModelDraft
+from .sweep import pooled_positions
 
 
 class TeacherForcedDraft(Draft):
@@ -176,8 +177,7 @@ class Calibration:
         for k in sorted({r["k"] for r in records}):
             rs = [r for r in records if r["k"] == k]
             rounds = sum(r["rounds"] for r in rs)
-            accepts = np.sum([r["accepts"] for r in rs], axis=0)
-            attempts = np.sum([r["attempts"] for r in rs], axis=0)
+            attempts, accepts = pooled_positions(rs)
             stats[k] = KStats(k, rounds, (accepts / rounds).tolist(),
                               [float(a / t) if t else float("nan") for a, t in zip(accepts, attempts)],
                               np.sum([r["drafted_hist"] for r in rs], axis=0).tolist(),

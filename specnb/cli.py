@@ -158,7 +158,7 @@ def _plot(args) -> int:
 
 _TRAIN_FLAGS = ("epochs", "depth", "depth_decay", "draft_vocab", "reg_weight", "ce_weight", "noise", "lr",
                 "weight_decay", "seed", "max_prompts", "new_tokens", "teacher_chars", "train_fraction",
-                "soft_labels", "input_norms", "batch_tokens", "patience", "val_every")
+                "soft_labels", "input_norms", "batch_tokens", "patience", "val_every", "bf16", "feature_layers")
 
 
 def _train_draft(args) -> int:
@@ -180,7 +180,8 @@ def _train_draft(args) -> int:
     cfg = th.TrainConfig.quick() if args.quick else th.TrainConfig()
     for key in _TRAIN_FLAGS:
         if getattr(args, key, None) is not None:
-            setattr(cfg, key, getattr(args, key))
+            value = getattr(args, key)
+            setattr(cfg, key, tuple(value) if isinstance(value, list) else value)
     target = load_offline_target()
     print(f"{target.label}; {machine_line()}")
     if args.regenerate:
@@ -313,9 +314,27 @@ def _head_study(args) -> int:
 
         for r in generation_throughput(target.model, target.tokenizer):
             print(f"  generation {r['dtype']:8s} batch {r['batch']:3d}: {r['tokens_per_s']:.0f} new tokens/s")
-    if not (args.ablation or args.learning_curve):
+    if not (args.ablation or args.learning_curve or args.compare_layers):
         return 0
     cfg = th.TrainConfig.quick() if args.quick else th.TrainConfig()
+    if args.compare_layers:
+        from dataclasses import replace
+
+        for key in ("max_prompts", "teacher_chars"):
+            if getattr(args, key) is not None:
+                setattr(cfg, key, getattr(args, key))
+        layers = tuple(sorted(args.compare_layers))
+        data, _ = build_data(target.model, target.tokenizer, replace(cfg, feature_layers=layers),
+                             th.head_dir() / "data" / th.target_fingerprint(target.model))
+        rows = head_study.compare_layers(target.model, data, cfg, [(), layers])
+        for r in rows:
+            print(f"  {r['name']:28s} a_1 {r['a1']:.3f}  a_2|1 {_num(r['a2_given_1'])}  prose a_1 "
+                  f"{_num(r['by_kind'].get('prose', {}).get('a1'))}  ({r['training_tokens']} tokens, {r['seconds']:.0f} s)")
+        if args.out:
+            Path(args.out).write_text(json.dumps({"recipe": th.asdict(cfg), "machine": machine_line(target.model),
+                                                  "rows": rows}, indent=1) + "\n")
+        if not (args.ablation or args.learning_curve):
+            return 0
     data, _ = build_data(target.model, target.tokenizer, cfg,
                          th.head_dir() / "data" / th.target_fingerprint(target.model))
     folder = Path(args.into) if args.into else th.head_dir()
@@ -392,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         kind = type(getattr(__import__("specnb.train_head", fromlist=["x"]).TrainConfig(), key))
         if kind is bool:
             p.add_argument(f"--{key.replace('_', '-')}", type=lambda v: v.lower() in ("1", "true", "yes"))
+        elif kind is tuple:
+            p.add_argument(f"--{key.replace('_', '-')}", type=int, nargs="*")
         else:
             p.add_argument(f"--{key.replace('_', '-')}", type=kind)
     p.set_defaults(func=_train_draft)
@@ -417,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--learning-curve", action="store_true", help="the default recipe at several data sizes")
     p.add_argument("--fractions", type=float, nargs="+", default=[0.125, 0.25, 0.5, 1.0])
     p.add_argument("--into", help="folder of the head whose card records the results (default: the specnb cache)")
+    p.add_argument("--compare-layers", type=int, nargs="+", metavar="LAYER",
+                   help="the default recipe reading the last hidden state only, then also these target layers "
+                        "(EAGLE-3's fused features), on the same data; printed and written to --out")
+    p.add_argument("--max-prompts", type=int, help="with --compare-layers: the first n generated conversations")
+    p.add_argument("--teacher-chars", type=int, help="with --compare-layers: characters of teacher-forced text")
+    p.add_argument("--out", help="with --compare-layers: a JSON file for the rows")
     p.add_argument("--quick", action="store_true", help="tiny data (tests)")
     p.add_argument("--threads", type=int)
     p.set_defaults(func=_head_study)

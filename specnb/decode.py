@@ -212,7 +212,7 @@ def start_loop(target: torch.nn.Module, draft: Draft, ids: list[int], eos_token_
     start = time.perf_counter()
     if len(ids) > 1:
         if draft.uses_features:
-            _, hidden = forward_features(target, ids[:-1], cache, logits_to_keep=1)
+            _, hidden = forward_features(target, ids[:-1], cache, logits_to_keep=1, layers=draft.feature_layers)
             draft.observe(hidden)  # (len(ids) - 1, H)
         else:
             forward(target, ids[:-1], cache, logits_to_keep=1)
@@ -248,7 +248,7 @@ def _speculative_loop(target: torch.nn.Module, draft: Draft, ids: list[int], k: 
         t1 = time.perf_counter()
         # 2. One target forward on the last token and the drafts: logits (m+1, vocab).
         if feats:
-            logits, hidden = forward_features(target, [ids[-1]] + drafts, cache)
+            logits, hidden = forward_features(target, [ids[-1]] + drafts, cache, layers=draft.feature_layers)
         else:
             logits = forward(target, [ids[-1]] + drafts, cache)
         t2 = time.perf_counter()

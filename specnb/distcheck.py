@@ -7,7 +7,13 @@ correct sampler is rejected with probability ``alpha`` (the false-alarm rate);
 a biased one is rejected more often, the more so the more samples there are
 (the power). :func:`rejection_rate` measures both by repetition.
 
-Not covered: exact multinomial tests, and tests of dependence between tokens
+
+:func:`later_token_test` tests a *later* token: the second token of each run against the target's
+exact p(. | prompt, that run's first token), pooled over every run through the probability
+integral transform; it exercises what a loop carries between rounds (caches, their rollback, a
+draft's own state).
+
+Not covered: exact multinomial tests, and dependence over more than two tokens
 (the joint over several tokens is checked exactly by :mod:`specnb.exact`).
 """
 from __future__ import annotations
@@ -53,6 +59,41 @@ def chi_square_test(tokens: torch.Tensor, p: torch.Tensor, min_expected: float =
     stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
     df = int(keep.sum()) - 1
     return ChiSquare(stat, df, chi2_sf(stat, df), top, float(p[order[top:]].sum()))
+
+
+def pit_values(tokens: torch.Tensor, ps: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Randomized probability integral transform of sampled ``tokens: (n,)`` under their own ``ps: (n, V)``.
+
+    With the vocabulary ordered by decreasing p, ``u = F(x-) + U * p(x)`` (U uniform): if each token
+    was drawn from its row of ``ps``, the n values are independent and uniform on [0, 1), whatever
+    the rows are. A sampler that puts too much mass on tokens p finds unlikely pushes u up.
+    """
+    ps = ps.to(torch.float64)
+    order = ps.argsort(dim=-1, descending=True)
+    sorted_p = ps.gather(-1, order)
+    rank = (order == tokens[:, None]).float().argmax(-1)  # (n,) position of each token in its row's order
+    below = torch.cumsum(sorted_p, -1).gather(-1, rank[:, None])[:, 0] - sorted_p.gather(-1, rank[:, None])[:, 0]
+    own = sorted_p.gather(-1, rank[:, None])[:, 0]
+    return below + torch.rand(len(tokens), generator=generator, dtype=torch.float64) * own
+
+
+def later_token_test(first: torch.Tensor, second: torch.Tensor, p_given: Callable[[int], torch.Tensor],
+                     bins: int = 10, seed: int = 0) -> ChiSquare:
+    """Does ``second: (n,)`` follow p(. | prefix, first) for every run? ``p_given(x) -> (V,)``.
+
+    Pools every run, whatever its first token (:func:`pit_values` against its own conditional p), and
+    tests the n values for uniformity with a chi-square over ``bins`` equal bins. ``bins`` is the
+    number of bins, ``tail_mass`` 0 (no run is left out).
+    """
+    if len(first) < 5 * bins:
+        raise ValueError(f"{len(first)} samples for {bins} bins: draw at least {5 * bins} samples")
+    cache: dict[int, torch.Tensor] = {}
+    ps = torch.stack([cache.setdefault(int(x), p_given(int(x))).to(torch.float64) for x in first.tolist()])
+    u = pit_values(second, ps, torch.Generator().manual_seed(seed))
+    counts = torch.bincount((u * bins).long().clamp(max=bins - 1), minlength=bins).to(torch.float64)
+    expected = len(u) / bins
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    return ChiSquare(stat, bins - 1, chi2_sf(stat, bins - 1), bins, 0.0)
 
 
 def empirical_tv(tokens: torch.Tensor, p: torch.Tensor) -> float:

@@ -37,6 +37,7 @@ class Draft(ABC):
 
     name: str = "draft"
     uses_features: bool = False  # True: the loop hands it the target's hidden states (see observe)
+    feature_layers: tuple[int, ...] = ()  # which lower target layers those features also hold (cache.decoder_features)
     proposes_trees: bool = False  # True: only the tree loop (specnb.tree_decode) can verify what it proposes
 
     def __init__(self) -> None:
@@ -47,6 +48,14 @@ class Draft(ABC):
         """Start a new sequence (drop any cache)."""
         self.forwards = 0
         self.eos_token_id = eos_token_id
+
+    def _counting(self, inner, call):
+        """``call()``, with the forwards it made on ``inner`` (anything with a ``forwards`` count: a wrapped
+        draft, a head's state) added to this draft's count."""
+        before = inner.forwards
+        out = call()
+        self.forwards += inner.forwards - before
+        return out
 
     @abstractmethod
     def propose(self, ids: list[int], k: int) -> list[int]:
@@ -303,6 +312,7 @@ class HeadDraft(Draft):
         if not 0.0 <= threshold < 1.0:
             raise ValueError(f"threshold must be in [0, 1), got {threshold!r}")
         self.head = head
+        self.feature_layers = head.cfg.feature_layers
         self.threshold = threshold
         self.name = name or ("trained head" + (f" (stop below p = {threshold:g})" if threshold else ""))
         self.state = None
@@ -319,10 +329,7 @@ class HeadDraft(Draft):
     def _run(self, ids: list[int], k: int, pick) -> list[int]:
         if self.state is None:
             self.reset(self.eos_token_id)
-        before = self.state.forwards
-        out = self.state.draft(ids, k, pick, self.eos_token_id)
-        self.forwards += self.state.forwards - before
-        return out
+        return self._counting(self.state, lambda: self.state.draft(ids, k, pick, self.eos_token_id))
 
     def propose(self, ids: list[int], k: int) -> list[int]:
         vocab_ids = self.head.vocab_ids
@@ -372,6 +379,7 @@ class HybridDraft(Draft):
     def __init__(self, lookup: "PromptLookupDraft", head: HeadDraft, name: str = "lookup, else head") -> None:
         super().__init__()
         self.lookup, self.head_draft, self.name = lookup, head, name
+        self.feature_layers = head.feature_layers
         self.used: list[str] = []  # which draft proposed, per round
 
     def reset(self, eos_token_id: int | None = None) -> None:
@@ -388,9 +396,7 @@ class HybridDraft(Draft):
         if out:
             self.used.append("lookup")
             return out
-        before = self.head_draft.forwards
-        out = self.head_draft.propose(ids, k)
-        self.forwards += self.head_draft.forwards - before
+        out = self._counting(self.head_draft, lambda: self.head_draft.propose(ids, k))
         self.used.append("head")
         return out
 
@@ -400,9 +406,8 @@ class HybridDraft(Draft):
             self.used.append("lookup")
             q = torch.nn.functional.one_hot(torch.tensor(out, dtype=torch.long), vocab_size).to(DTYPE)
             return out, q.reshape(len(out), vocab_size)
-        before = self.head_draft.forwards
-        out, q = self.head_draft.propose_sampled(ids, k, params, generator, vocab_size, draft_q)
-        self.forwards += self.head_draft.forwards - before
+        out, q = self._counting(self.head_draft, lambda: self.head_draft.propose_sampled(
+            ids, k, params, generator, vocab_size, draft_q))
         self.used.append("head")
         return out, q
 
@@ -418,7 +423,7 @@ class HeuristicK(Draft):
     def __init__(self, draft: Draft, k_start: int = 4) -> None:
         super().__init__()
         self.draft, self.k_start, self.k = draft, k_start, k_start
-        self.uses_features = draft.uses_features
+        self.uses_features, self.feature_layers = draft.uses_features, draft.feature_layers
         self.name = f"{draft.name}, k +2/-1"
         self._last = 0
 
@@ -434,16 +439,13 @@ class HeuristicK(Draft):
         self.draft.observe(features)
 
     def propose(self, ids: list[int], k: int) -> list[int]:
-        before = self.draft.forwards
-        out = self.draft.propose(ids, min(self.k, k))
-        self.forwards += self.draft.forwards - before
+        out = self._counting(self.draft, lambda: self.draft.propose(ids, min(self.k, k)))
         self._last = len(out)
         return out
 
     def propose_sampled(self, ids, k, params, generator, vocab_size, draft_q=draft_distributions):
-        before = self.draft.forwards
-        out, q = self.draft.propose_sampled(ids, min(self.k, k), params, generator, vocab_size, draft_q)
-        self.forwards += self.draft.forwards - before
+        out, q = self._counting(self.draft, lambda: self.draft.propose_sampled(
+            ids, min(self.k, k), params, generator, vocab_size, draft_q))
         self._last = len(out)
         return out, q
 

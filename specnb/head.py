@@ -19,8 +19,10 @@ and not stored; a checkpoint holds only ``fc``, the layer, the norm and the
 Exactness does not depend on the head: the target verifies every draft with its
 full vocabulary. Training lives in ``train_head.py``, the draft interface in
 ``drafts.HeadDraft``; :meth:`HeadState.grow` feeds a whole level of a token tree at once
-(chapter 8, ``tree_drafts.HeadTreeDraft``). Not covered: several layers, and models other
-than Llama-style ones.
+(chapter 8, ``tree_drafts.HeadTreeDraft``). With ``HeadConfig.feature_layers`` the head also
+reads lower layers of the target (EAGLE-3's fused low, middle and high features): a real feature
+is then F = (layers + 1) * H wide and fused to H before ``fc``; fed-back features stay H wide.
+Not covered: several decoder layers in the head, and models other than Llama-style ones.
 """
 from __future__ import annotations
 
@@ -45,9 +47,19 @@ class HeadConfig:
     rope_theta: float = 100000.0
     draft_vocab: int = 8192  # V': how many of the most frequent training tokens the head can propose
     input_norms: bool = False  # RMS-normalise the embedding and the feature separately before fc (EAGLE-3)
+    feature_layers: tuple[int, ...] = ()  # also read these target layers' outputs, fused (EAGLE-3); () = last only
+
+    def __post_init__(self) -> None:
+        self.feature_layers = tuple(int(i) for i in self.feature_layers)  # JSON gives a list
+
+    @property
+    def feature_size(self) -> int:
+        """F: the width of a real feature the target hands the head, (len(feature_layers) + 1) * H."""
+        return (len(self.feature_layers) + 1) * self.hidden_size
 
     @classmethod
-    def from_target(cls, config, draft_vocab: int, input_norms: bool = False) -> "HeadConfig":
+    def from_target(cls, config, draft_vocab: int, input_norms: bool = False,
+                    feature_layers: tuple[int, ...] = ()) -> "HeadConfig":
         """The target's layer shape (a transformers ``LlamaConfig``) with a ``draft_vocab``-token vocabulary."""
         rope = getattr(config, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
@@ -56,7 +68,7 @@ class HeadConfig:
                    num_key_value_heads=config.num_key_value_heads,
                    head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
                    rms_norm_eps=float(config.rms_norm_eps), rope_theta=float(theta), draft_vocab=int(draft_vocab),
-                   input_norms=bool(input_norms))
+                   input_norms=bool(input_norms), feature_layers=tuple(feature_layers))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,6 +163,14 @@ class DraftHead(nn.Module):
         self.cfg = cfg
         H = cfg.hidden_size
         self.fc = nn.Linear(2 * H, H, bias=True)
+        if cfg.feature_layers:
+            # EAGLE-3's fusion: each lower layer's output RMS-normalised (their scale grows with depth),
+            # then [low..., last] -> H. It starts as the identity on the last feature.
+            self.layer_norms = nn.ModuleList(RMSNorm(H, cfg.rms_norm_eps) for _ in cfg.feature_layers)
+            self.fuse = nn.Linear(cfg.feature_size, H, bias=False)
+            with torch.no_grad():
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -H:] = torch.eye(H)
         if cfg.input_norms:
             self.embed_norm = RMSNorm(H, cfg.rms_norm_eps)
             self.feature_norm = RMSNorm(H, cfg.rms_norm_eps)
@@ -188,13 +208,28 @@ class DraftHead(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
 
+    def fused(self, features: torch.Tensor) -> torch.Tensor:
+        """``(..., F)`` real features (the target's, :attr:`HeadConfig.feature_size` wide) or ``(..., H)``
+        predicted ones (the head's own, fed back) -> ``(..., H)``. Only a multi-layer head fuses."""
+        H = self.cfg.hidden_size
+        if features.shape[-1] == H:
+            return features
+        if features.shape[-1] != self.cfg.feature_size:
+            raise ValueError(f"features of width {features.shape[-1]}: this head reads {self.cfg.feature_size} "
+                             f"(layers {list(self.cfg.feature_layers)} and the last) or its own {H}")
+        parts = features.split(H, dim=-1)
+        lows = [norm(x) for norm, x in zip(self.layer_norms, parts[:-1])]
+        return self.fuse(torch.cat(lows + [parts[-1]], dim=-1))
+
     def forward(self, features: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
-        """``features: (B, T, H)`` f_t, ``next_tokens: (B, T)`` x_{t+1}, ``positions: (B, T)`` t.
+        """``features: (B, T, F or H)`` f_t, ``next_tokens: (B, T)`` x_{t+1}, ``positions: (B, T)`` t.
 
         Returns the predicted next features ``f^_{t+1}: (B, T, H)``. With no mask and
-        no cache, attention is causal over the T inputs.
+        no cache, attention is causal over the T inputs. Real features of a multi-layer head
+        are F wide and fused first (:meth:`fused`); its own predicted features are H wide.
         """
+        features = self.fused(features)
         e = self.embed[next_tokens]
         if self.cfg.input_norms:
             e, features = self.embed_norm(e), self.feature_norm(features)
@@ -237,8 +272,13 @@ class HeadState:
         self.speculative = 0  # pairs in the cache built from predicted features
 
     def observe(self, features: torch.Tensor) -> None:
-        """Append the target's features ``(m, H)`` for the next m positions of the sequence."""
-        self.features.append(features.detach().reshape(-1, self.head.cfg.hidden_size))
+        """Append the target's features ``(m, F)`` for the next m positions of the sequence."""
+        F = self.head.cfg.feature_size
+        if features.shape[-1] != F:
+            raise ValueError(f"the target's features are {features.shape[-1]} wide but this head reads {F} (layers "
+                             f"{list(self.head.cfg.feature_layers)} and the last hidden state): the loop must call "
+                             "forward_features with layers=draft.feature_layers")
+        self.features.append(features.detach().reshape(-1, F))
         self.n_features += self.features[-1].shape[0]
 
     def drop_speculative(self) -> None:

@@ -31,10 +31,15 @@ import torch
 from tqdm.auto import tqdm
 
 from .cache import cache_keyword
-from .prompts import encode
+from .prompts import chat_ids, encode
 
 IDS_FILE = Path(__file__).parent / "data" / "draft_train_ids.npz"
 GEN_DTYPE = torch.bfloat16  # the fast mode for token ids only (features and labels: float32)
+
+
+def in_dtype(target, dtype: torch.dtype):
+    """``target`` itself when it already runs in ``dtype``, else a copy converted to it (the original untouched)."""
+    return target if dtype == next(target.parameters()).dtype else copy.deepcopy(target).to(dtype)
 GEN_BATCH = 64  # best of 16 / 32 / 64 on the 2-core Intel build machine (278 / 353 / 374 new tok/s)
 NGRAM = 8
 
@@ -54,26 +59,28 @@ class Sequence:
 # 1-2. Data and features
 
 
-def generate(target, tokenizer, prompts, new_tokens: int, batch: int, desc: str = "generating") -> list[Sequence]:
+def generate(target, tokenizer, prompts, new_tokens: int, batch: int, desc: str = "generating",
+             layers: tuple[int, ...] = ()) -> list[Sequence]:
     """The target's greedy continuations of ``prompts`` (see :func:`generate_ids`)."""
     encoded = [encode(tokenizer, p) for p in prompts]
-    return generate_ids(target, encoded, new_tokens, batch, tokenizer.eos_token_id, desc)
+    return generate_ids(target, encoded, new_tokens, batch, tokenizer.eos_token_id, desc, layers)
 
 
 @torch.inference_mode()
 def generate_ids(target, encoded: list[list[int]], new_tokens: int, batch: int, eos: int | None,
-                 desc: str = "generating") -> list[Sequence]:
+                 desc: str = "generating", layers: tuple[int, ...] = ()) -> list[Sequence]:
     """The target's greedy continuations of ``encoded`` prompts, with its features and labels at every position.
 
     Left-padded batches through the target's decoder with a KV cache; the features of
     the prompt come from the prefill and those of the continuation from the decode
     steps that produced it, so no second forward is needed. Each sequence is cut
     after EOS. Labels are the target's argmax at every position (in the continuation,
-    simply the next token).
+    simply the next token). Features: :func:`specnb.cache.decoder_features` of ``layers``, ``(T, F)``.
     """
-    from .cache import new_cache
+    from .cache import decoder_features, new_cache
 
     base, lm_head = target.model, target.lm_head
+    Hs = target.config.hidden_size
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths together: less padding
     out: list[Sequence | None] = [None] * len(encoded)
     bar = tqdm(total=len(encoded) * new_tokens, desc=desc, unit="tok")
@@ -87,8 +94,9 @@ def generate_ids(target, encoded: list[list[int]], new_tokens: int, batch: int, 
             mask[r, L - len(encoded[i]):] = 1
         cache = new_cache(target)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        h = base(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_keyword(base): cache}).last_hidden_state
-        hs, ys = [h], [lm_head(h).argmax(-1)]  # (B, L, H), (B, L)
+        h = decoder_features(base, layers, input_ids=ids, attention_mask=mask, position_ids=pos,
+                             **{cache_keyword(base): cache})
+        hs, ys = [h], [lm_head(h[..., -Hs:]).argmax(-1)]  # (B, L, F), (B, L)
         done = torch.zeros(B, dtype=torch.bool)
         for _ in range(new_tokens):
             nxt = ys[-1][:, -1:]  # (B, 1)
@@ -100,9 +108,10 @@ def generate_ids(target, encoded: list[list[int]], new_tokens: int, batch: int, 
             bar.update(B)
             if bool(done.all()):
                 break
-            h = base(input_ids=nxt, attention_mask=mask, position_ids=pos, **{cache_keyword(base): cache}).last_hidden_state
+            h = decoder_features(base, layers, input_ids=nxt, attention_mask=mask, position_ids=pos,
+                                 **{cache_keyword(base): cache})
             hs.append(h)
-            ys.append(lm_head(h).argmax(-1))
+            ys.append(lm_head(h[..., -Hs:]).argmax(-1))
         H, Y = torch.cat(hs, 1), torch.cat(ys, 1)  # features and labels for ids[:, :-1]
         for r, i in enumerate(idx):
             a = L - len(encoded[i])
@@ -119,12 +128,15 @@ def generate_ids(target, encoded: list[list[int]], new_tokens: int, batch: int, 
 
 @torch.inference_mode()
 def features(target, docs: list[list[int]], source: str, prompt_lens: list[int] | None = None,
-             batch_tokens: int = 2048, desc: str = "features") -> list[Sequence]:
+             batch_tokens: int = 2048, desc: str = "features", layers: tuple[int, ...] = ()) -> list[Sequence]:
     """Teacher-forced target forwards: ``f_t`` and ``y_t = argmax`` at every position of every doc.
 
     Documents are batched by length with right padding (causal attention: padding after a
-    sequence cannot change it).
+    sequence cannot change it). ``f_t``: :func:`specnb.cache.decoder_features` of ``layers``, ``(T, F)``.
     """
+    from .cache import decoder_features
+
+    Hs = target.config.hidden_size
     base, head = target.get_decoder() if hasattr(target, "get_decoder") else target.model, target.lm_head
     order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
     out: list[Sequence | None] = [None] * len(docs)
@@ -143,8 +155,8 @@ def features(target, docs: list[list[int]], source: str, prompt_lens: list[int] 
         for r, i in enumerate(idx):
             ids[r, :len(docs[i])] = torch.tensor(docs[i])
             mask[r, :len(docs[i])] = 1
-        h = base(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L, H)
-        y = head(h).argmax(-1)  # (B, L)
+        h = decoder_features(base, layers, input_ids=ids, attention_mask=mask)  # (B, L, F)
+        y = head(h[..., -Hs:]).argmax(-1)  # (B, L)
         for r, i in enumerate(idx):
             n = len(docs[i])
             out[i] = Sequence(torch.tensor(docs[i]), h[r, :n].to(torch.float16).clone(), y[r, :n].clone(), source,
@@ -214,10 +226,7 @@ def _follow_up_prompt(tokenizer, prompt_text: str, answer_ids: list[int], i: int
     answer = tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
     messages = [{"role": "user", "content": prompt_text}, {"role": "assistant", "content": answer},
                 {"role": "user", "content": follow_up(i)}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
+    return chat_ids(tokenizer, messages)
 
 
 def generate_training_ids(target, tokenizer, new_tokens: int, batch: int = GEN_BATCH, max_prompts: int = 0,
@@ -233,7 +242,7 @@ def generate_training_ids(target, tokenizer, new_tokens: int, batch: int = GEN_B
 
     prompts = training_prompts(seed)
     prompts = prompts[:max_prompts] if max_prompts else prompts
-    fast = copy.deepcopy(target).to(dtype) if dtype != next(target.parameters()).dtype else target
+    fast = in_dtype(target, dtype)
     eos = tokenizer.eos_token_id
     t0 = time.perf_counter()
     encoded = [encode(tokenizer, p) for p in prompts]
@@ -312,10 +321,7 @@ def template_ngrams(tokenizer, n: int = NGRAM) -> set:
     out = set()
     for text in ("x", "Hello there"):
         for gen in (True, False):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=gen,
-                                                tokenize=True)
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
+            ids = chat_ids(tokenizer, [{"role": "user", "content": text}], gen)
             text_ids = set(tokenizer(text, add_special_tokens=False)["input_ids"])
             out |= {g for g in ngrams(list(ids), n) if not text_ids & set(g)}
     return out
@@ -341,7 +347,9 @@ def shared_ngrams(train_docs: list[list[int]], held_docs: list[list[int]], exclu
 def data_key(cfg, part: str, digest: str = "") -> str:
     fields = {"generated": ("max_prompts",), "teacher": ("seed", "teacher_chars", "doc_tokens"),
               "held_out": ("new_tokens", "max_held_out")}[part]
-    return part + "-" + "-".join(f"{f}{getattr(cfg, f)}" for f in fields) + (f"-{digest}" if digest else "")
+    layers = getattr(cfg, "feature_layers", ())
+    return (part + "-" + "-".join(f"{f}{getattr(cfg, f)}" for f in fields) + (f"-{digest}" if digest else "")
+            + ("-layers" + "_".join(map(str, layers)) if layers else ""))
 
 
 def held_out_set(cfg):
@@ -373,12 +381,13 @@ def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_pat
             if part == "generated":
                 n = cfg.max_prompts or len(ids["ids"])
                 seqs = features(target, ids["ids"][:n], "generated", ids["prompt_lens"][:n],
-                                desc="features of the generated ids")
+                                desc="features of the generated ids", layers=cfg.feature_layers)
             elif part == "held_out":
-                seqs = generate(target, tokenizer, held_out_set(cfg), cfg.new_tokens, 16, "held-out data")
+                seqs = generate(target, tokenizer, held_out_set(cfg), cfg.new_tokens, 16, "held-out data",
+                                cfg.feature_layers)
             else:
                 seqs = features(target, teacher_docs(tokenizer, cfg.teacher_chars, cfg.doc_tokens, cfg.seed),
-                                "teacher", desc="teacher-forced features")
+                                "teacher", desc="teacher-forced features", layers=cfg.feature_layers)
             _save_seqs(seqs, path)
             data[part] = seqs
         seconds[part] = time.perf_counter() - t0
@@ -392,7 +401,29 @@ def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_pat
         data[part] = [s for i, s in enumerate(data[part]) if i not in bad]
     data["reused"] = reused
     data["ids_meta"] = ids["meta"]
+    data["feature_layers"] = tuple(cfg.feature_layers)
     return data, seconds
+
+
+def for_layers(data: dict, layers: tuple[int, ...]) -> dict:
+    """``data`` (from :func:`build_data`) with each sequence's features cut to ``layers`` and the last
+    hidden state, ``(T, (len(layers) + 1) * H)``: heads that read fewer layers train on the same data.
+    ``layers`` must be among the data's own ``feature_layers``."""
+    have = tuple(data.get("feature_layers", ()))
+    layers = tuple(layers)
+    if layers == have:
+        return data
+    if not set(layers) <= set(have):
+        raise ValueError(f"the data holds layers {list(have)}, not {list(layers)}: build it with "
+                         f"feature_layers={list(layers)}")
+    H = data["held_out"][0].features.shape[1] // (len(have) + 1)
+    blocks = [have.index(i) for i in layers] + [len(have)]
+    cols = torch.cat([torch.arange(b * H, (b + 1) * H) for b in blocks])
+    out = dict(data, feature_layers=layers)
+    for part in ("generated", "teacher", "held_out"):
+        out[part] = [Sequence(s.tokens, s.features.index_select(1, cols), s.labels, s.source, s.prompt_len)
+                     for s in data[part]]
+    return out
 
 
 def generation_throughput(target, tokenizer, batches=(16, 32, 64), dtypes=(torch.bfloat16, torch.float32),
@@ -404,7 +435,7 @@ def generation_throughput(target, tokenizer, batches=(16, 32, 64), dtypes=(torch
     encoded = [encode(tokenizer, p) for p in training_prompts()[:n_prompts]]
     rows = []
     for dtype in dtypes:
-        model = copy.deepcopy(target).to(dtype) if dtype != next(target.parameters()).dtype else target
+        model = in_dtype(target, dtype)
         for b in batches:
             t0 = time.perf_counter()
             seqs = generate_ids(model, encoded, new_tokens, b, tokenizer.eos_token_id, f"{dtype} batch {b}")

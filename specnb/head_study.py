@@ -19,9 +19,15 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from .head_data import for_layers
 from .train_head import TrainConfig, evaluate_by_kind, train_on
 
-# Each lever as a change to the base recipe (``TrainConfig()``), with the words the table shows.
+# The ablation's base: the recipe before the study (soft labels, one pass, learning rate 1e-3). The
+# committed head's recipe (``TrainConfig()``) is this base plus the levers the study's combined row
+# chose at 1/8 of the data (hard labels, depth 2, lr 3e-3); chapter 7 asserts that it is.
+ABLATION_BASE: dict = {"soft_labels": True, "depth": 1, "lr": 1e-3}
+
+# Each lever as a change to the ablation's base, with the words the table shows.
 LEVERS: dict[str, tuple[str, dict]] = {
     "hard labels": ("cross-entropy against the target's argmax only (base: its softmax over V')",
                     {"soft_labels": False}),
@@ -38,25 +44,36 @@ LEVERS: dict[str, tuple[str, dict]] = {
 }
 
 
-def _row(name: str, what: str, cfg: TrainConfig, target, data: dict, progress: bool) -> dict:
-    t0 = time.perf_counter()
-    head, log, sizes = train_on(target, data, cfg, progress)
-    overall, by_kind = evaluate_by_kind(head, data["held_out"], cfg)
+def _result(name: str, what: str, overall: dict, by_kind: dict, sizes: dict, draft_vocab: int, kept_step: int,
+            steps: int, validation: list[dict], seconds: float) -> dict:
+    """One row of a study: held-out a_1, a_2|1 and chains (overall and by kind), data and training sizes."""
     return {"name": name, "what": what, "a1": overall["agree"][0], "a2_given_1": overall["conditional"][1],
             "chain": overall["chain"], "by_kind": {k: {"a1": v["agree"][0], "a2_given_1": v["conditional"][1]}
                                                    for k, v in by_kind.items()},
             "training_tokens": sizes["training_tokens"], "coverage": sizes["vocab_coverage_held_out"],
-            "draft_vocab": len(head.vocab_ids), "kept_step": log["kept_step"], "steps": log["steps"],
-            "validation_best_a1": max((v["a1"] for v in log["validation"]), default=None),
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "draft_vocab": draft_vocab, "kept_step": kept_step, "steps": steps,
+            "validation_best_a1": max((v["a1"] for v in validation), default=None), "seconds": round(seconds, 1)}
+
+
+def _row(name: str, what: str, cfg: TrainConfig, target, data: dict, progress: bool) -> dict:
+    """Train ``cfg`` on ``data`` (cut to its feature layers) and evaluate it on the held-out continuations."""
+    t0 = time.perf_counter()
+    data = for_layers(data, cfg.feature_layers)
+    head, log, sizes = train_on(target, data, cfg, progress)
+    overall, by_kind = evaluate_by_kind(head, data["held_out"], cfg)
+    return _result(name, what, overall, by_kind, sizes, len(head.vocab_ids), log["kept_step"], log["steps"],
+                   log["validation"], time.perf_counter() - t0)
 
 
 def ablation(target, data: dict, base: TrainConfig, fraction: float, levers: list[str] | None = None,
              progress: bool = True) -> dict:
-    """The base recipe, each lever alone, and the levers that beat the base combined; all at ``fraction``."""
+    """``base`` with :data:`ABLATION_BASE`, each lever alone, and the levers that beat it combined; all at ``fraction``.
+
+    The combined row names its levers (``"levers"``), one per group (the best depth, lr, V').
+    """
     from tqdm.auto import tqdm
 
-    base = replace(base, train_fraction=fraction)
+    base = replace(base, **ABLATION_BASE, train_fraction=fraction)
     names = levers or list(LEVERS)
     rows = [_row("base", "the default recipe (TrainConfig)", base, target, data, progress)]
     for name in tqdm(names, desc="ablation", unit="run", disable=not progress):
@@ -76,6 +93,7 @@ def ablation(target, data: dict, base: TrainConfig, fraction: float, levers: lis
             change.update(LEVERS[name][1])
         rows.append(_row("combined", "the levers that beat the base, together: " + ", ".join(chosen.values()),
                          replace(base, **change), target, data, progress))
+        rows[-1]["levers"] = list(chosen.values())
     return {"fraction": fraction, "base": asdict(base), "rows": rows}
 
 
@@ -89,21 +107,28 @@ def learning_curve(target, data: dict, cfg: TrainConfig, fractions=(0.125, 0.25,
     rows = []
     for f in fractions:
         if f == 1.0 and full is not None:
-            if full["config"]["train"] != {**asdict(cfg), "train_fraction": 1.0}:
+            want = json.loads(json.dumps({**asdict(cfg), "train_fraction": 1.0}))  # tuples as the card's lists
+            defaults = json.loads(json.dumps(asdict(TrainConfig())))  # fields newer than the card: at defaults
+            if any(full["config"]["train"].get(k, defaults[k]) != v for k, v in want.items()):
                 raise ValueError("the card's head was trained with another recipe than this learning curve's")
-            ev, d = full["held_out"], full["data"]
-            rows.append({"name": "1", "what": "all the training documents (the committed head itself)",
-                         "a1": ev["agree"][0], "a2_given_1": ev["conditional"][1], "chain": ev["chain"],
-                         "by_kind": {k: {"a1": v["agree"][0], "a2_given_1": v["conditional"][1]}
-                                     for k, v in full["held_out_by_kind"].items()},
-                         "training_tokens": d["training_tokens"], "coverage": d["vocab_coverage_held_out"],
-                         "kept_step": full["kept_step"], "steps": full["steps"],
-                         "validation_best_a1": max((v["a1"] for v in full["validation_curve"]), default=None),
-                         "seconds": full["seconds"]["training"]})
+            rows.append(_result("1", "all the training documents (the committed head itself)", full["held_out"],
+                                full["held_out_by_kind"], full["data"], full["config"]["head"]["draft_vocab"],
+                                full["kept_step"], full["steps"], full["validation_curve"],
+                                full["seconds"]["training"]))
         else:
             rows.append(_row(f"{f:g}", f"{f:g} of the training documents", replace(cfg, train_fraction=f), target,
                              data, progress))
     return {"recipe": asdict(cfg), "rows": rows}
+
+
+def compare_layers(target, data: dict, cfg: TrainConfig, layer_sets: list[tuple[int, ...]],
+                   progress: bool = True) -> list[dict]:
+    """``cfg`` reading each of ``layer_sets`` (``()``: the last hidden state only) on the same ``data``,
+    whose features hold every layer asked for (built with their union as ``feature_layers``)."""
+    return [_row("last hidden state only" if not layers else "fused layers " + ", ".join(map(str, layers)) + " + last",
+                 f"target layers {list(layers)} and the last hidden state, fused (EAGLE-3)" if layers else
+                 "the last hidden state only", replace(cfg, feature_layers=tuple(layers)), target, data, progress)
+            for layers in layer_sets]
 
 
 def write_into_card(folder: Path, key: str, value: dict) -> Path:
@@ -115,14 +140,26 @@ def write_into_card(folder: Path, key: str, value: dict) -> Path:
     return path
 
 
+def combined_levers(study: dict) -> list[str]:
+    """The lever names of the ablation's combined row (read from its words where the row predates ``levers``)."""
+    row = next(r for r in study["rows"] if r["name"] == "combined")
+    return row.get("levers") or row["what"].split(": ", 1)[1].split(", ")
+
+
+def recipe_change(study: dict) -> dict:
+    """The TrainConfig fields the combined row changes from the ablation's base, with their values."""
+    change: dict = {}
+    for name in combined_levers(study):
+        change.update(LEVERS[name][1])
+    return change
+
+
 def ablation_markdown(study: dict, kinds=("prose", "code", "grounded")) -> str:
     """The ablation as a markdown table: a_1, a_2|1, change of a_1 against the base, a_1 per kind."""
+    from .booktext import table
+
     base = study["rows"][0]["a1"]
-    head = "| recipe | change | a_1 | vs base | a_2\\|1 | " + " | ".join(f"a_1 {k}" for k in kinds) + " |"
-    lines = [head, "|" + "---|" * (5 + len(kinds))]
-    for r in study["rows"]:
-        per = " | ".join(f"{r['by_kind'][k]['a1']:.3f}" if k in r["by_kind"] else "-" for k in kinds)
-        a2 = "-" if r["a2_given_1"] is None else f"{r['a2_given_1']:.3f}"
-        delta = "" if r["name"] == "base" else f"{r['a1'] - base:+.3f}"
-        lines.append(f"| {r['name']} | {r['what']} | {r['a1']:.3f} | {delta} | {a2} | {per} |")
-    return "\n".join(lines)
+    rows = [[r["name"], r["what"], f"{r['a1']:.3f}", "" if r["name"] == "base" else f"{r['a1'] - base:+.3f}",
+             "-" if r["a2_given_1"] is None else f"{r['a2_given_1']:.3f}"]
+            + [f"{r['by_kind'][k]['a1']:.3f}" if k in r["by_kind"] else "-" for k in kinds] for r in study["rows"]]
+    return table(["recipe", "change", "a_1", "vs base", "a_2|1"] + [f"a_1 {k}" for k in kinds], rows)

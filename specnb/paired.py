@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .decode import greedy, sample, speculative_greedy, speculative_sample
+from .decode import DecodeResult, greedy, sample, speculative_greedy, speculative_sample
 from .drafts import Draft, HeuristicK
 from .prompts import Prompt, encode
 from .sampling import SamplingParams
-from .sweep import _greedy_per_token, run_record
+from .sweep import _greedy_per_token, pooled_positions, run_record
 from .tree_decode import speculative_tree_greedy
 
 
@@ -120,12 +120,18 @@ def best_settings(records: list[dict]) -> dict[str, str]:
 
 def position_acceptance(records: list[dict]) -> list[float]:
     """a_i: accepted / verified at each draft position, pooled over ``records``."""
-    k = max(len(r["attempts"]) for r in records)
-    att, acc = np.zeros(k), np.zeros(k)
-    for r in records:
-        att[:len(r["attempts"])] += r["attempts"]
-        acc[:len(r["accepts"])] += r["accepts"]
+    att, acc = pooled_positions(records)
     return [float(a / t) if t else float("nan") for a, t in zip(acc, att)]
+
+
+def pair_speedup(base: DecodeResult, spec: DecodeResult) -> float:
+    """One paired speedup: plain decoding's seconds per token over the speculative loop's, prefill left out.
+
+    Plain decoding's prefill also yields its first token, so its steady time covers
+    ``len(tokens) - 1`` tokens; the speculative loop's prefill stops before the prompt's last
+    token, so every one of its tokens comes after it.
+    """
+    return _greedy_per_token(base) / ((spec.wall_time - spec.t_prefill) / len(spec.tokens))
 
 
 def sampled_speedup(model: torch.nn.Module, tokenizer, prompts: list[Prompt], draft: Draft, k: int,
@@ -142,9 +148,7 @@ def sampled_speedup(model: torch.nn.Module, tokenizer, prompts: list[Prompt], dr
         for seed in range(seeds):
             base = sample(model, ids, max_new_tokens, params, seed, eos)
             spec = speculative_sample(model, draft, ids, k, max_new_tokens, params, seed, eos)
-            g = _greedy_per_token(base)
-            out.append({"kind": prompt.kind, "seed": seed, "speedup": g / ((spec.wall_time - spec.t_prefill)
-                                                                          / len(spec.tokens)),
+            out.append({"kind": prompt.kind, "seed": seed, "speedup": pair_speedup(base, spec),
                         "a": spec.position_acceptance, "tokens_per_round": spec.tokens_per_round})
     return out
 

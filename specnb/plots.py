@@ -172,13 +172,11 @@ def save_all(results: dict, out_dir: str | Path) -> list[Path]:
 
 def error_table(errors: dict, models) -> str:
     """Chapter 5's error table as markdown, from :func:`specnb.sweep.prediction_errors`."""
-    lines = ["| model | median abs error | mean abs error | max abs error | configurations within 10% |",
-             "|---|---|---|---|---|"]
-    for m in models:
-        e = errors[m]
-        lines.append(f"| {m} | {100 * e['median_abs']:.1f}% | {100 * e['mean_abs']:.1f}% | {100 * e['max_abs']:.0f}% | "
-                     f"{e['within_10pct']}/{e['rows']} |")
-    return "\n".join(lines)
+    from .booktext import table
+
+    return table(["model", "median abs error", "mean abs error", "max abs error", "configurations within 10%"],
+                 [[m, f"{100 * e['median_abs']:.1f}%", f"{100 * e['mean_abs']:.1f}%", f"{100 * e['max_abs']:.0f}%",
+                   f"{e['within_10pct']}/{e['rows']}"] for m, e in ((m, errors[m]) for m in models)])
 
 
 def hub_pairs_overlay(fig, measured: dict, model: str = "refined, out of sample"):

@@ -60,15 +60,20 @@ PROMPTS: list[Prompt] = [
 ]
 
 
+def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of chat ``messages`` through the tokenizer's chat template (transformers returns a list
+    or, in some versions, a mapping with ``input_ids``: either way, a list of ints here)."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
 def encode(tokenizer, prompt: Prompt) -> list[int]:
     """Token ids of ``prompt`` (through the chat template when ``prompt.chat`` and the tokenizer has one;
     a base model's tokenizer without a template, such as GPT-2's, gets the message as plain text)."""
     if prompt.chat and getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "user", "content": prompt.text}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        return chat_ids(tokenizer, [{"role": "user", "content": prompt.text}])
     return [int(t) for t in tokenizer(prompt.text)["input_ids"]]
 
 

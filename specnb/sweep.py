@@ -97,6 +97,17 @@ def _greedy_per_token(g: DecodeResult) -> float:
     return (g.wall_time - g.t_prefill) / max(len(g.tokens) - 1, 1)
 
 
+def pooled_positions(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """``(attempts, accepts)``, each ``(K,)``: by draft position (tree: depth), summed over
+    :func:`run_record` dicts of any k (shorter records count zero at positions they lack)."""
+    K = max((len(r["attempts"]) for r in records), default=0)
+    attempts, accepts = np.zeros(K, dtype=np.int64), np.zeros(K, dtype=np.int64)
+    for r in records:
+        attempts[:len(r["attempts"])] += r["attempts"]
+        accepts[:len(r["accepts"])] += r["accepts"]
+    return attempts, accepts
+
+
 def run_record(spec: DecodeResult, k: int) -> dict:
     """One speculative run as plain numbers: counts by draft position and times.
 
@@ -259,8 +270,7 @@ def summarize(results: dict, pool_kinds: bool = True) -> list[Row]:
     rows = []
     for (draft, k, kind), runs in groups.items():
         tot = {key: sum(r[key] for r in runs) for key in ("drafted", "accepted", "rounds", "tokens")}
-        attempts = np.sum([r["attempts"] for r in runs], axis=0)
-        accepts = np.sum([r["accepts"] for r in runs], axis=0)
+        attempts, accepts = pooled_positions(runs)
         hist = np.sum([r["drafted_hist"] for r in runs], axis=0)
         speedups = [r["speedup"] for r in runs]
         by_prompt: dict[tuple, list[float]] = {}
@@ -356,17 +366,16 @@ def errors_by(rows: list[Row], model: str, key) -> dict:
 
 def rows_markdown(rows: list[Row], columns=("acceptance_rate", "a", "tokens_per_round", "c", "speedup")) -> str:
     """A markdown table of rows (the book renders it; also readable as text)."""
-    head = ["draft", "kind", "k"] + [c.replace("_", " ") for c in columns] + ["runs identical"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r.draft_label, r.kind, str(r.k)]
-        for col in columns:
-            v = getattr(r, col)
-            cells.append(f"{v:.2f}x ({r.speedup_q1:.2f}-{r.speedup_q3:.2f})" if col == "speedup"
-                         else f"{v:.3f}" if col == "c" else f"{v:.2f}")
-        cells.append(f"{r.identical}/{r.runs}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    from .booktext import table
+
+    def fmt(r: Row, col: str) -> str:
+        v = getattr(r, col)
+        return (f"{v:.2f}x ({r.speedup_q1:.2f}-{r.speedup_q3:.2f})" if col == "speedup"
+                else f"{v:.3f}" if col == "c" else f"{v:.2f}")
+
+    return table(["draft", "kind", "k"] + [c.replace("_", " ") for c in columns] + ["runs identical"],
+                 [[r.draft_label, r.kind, r.k] + [fmt(r, c) for c in columns] + [f"{r.identical}/{r.runs}"]
+                  for r in rows])
 
 
 def book_results_path(quick: bool) -> Path:

@@ -163,8 +163,9 @@ def head_cost_ratio(target: torch.nn.Module, head, context_len: int = 64, repeat
     """c of chapter 7's draft head: one head step (a drafted token) / one 1-token target forward.
 
     Both run after ``context_len`` cached positions (random tokens; features from the
-    target's own prefill), alternating, each rolled back after it is timed.
-    Returns ``{"t1": s, "head": s, "c": ratio}`` from the medians.
+    target's own prefill), alternating, each rolled back after it is timed. c is defined as in
+    :func:`cost_ratio` (the notation page's one definition): the median of the paired ratios.
+    Returns ``{"c", "c_q1", "c_q3", "t1": median target s, "head": median head s}``.
     """
     from transformers import DynamicCache
 
@@ -174,7 +175,7 @@ def head_cost_ratio(target: torch.nn.Module, head, context_len: int = 64, repeat
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, target.config.vocab_size, (context_len + 1,), generator=gen).tolist()
     cache = new_cache(target)
-    _, feats = forward_features(target, ids[:-1], cache, logits_to_keep=1)
+    _, feats = forward_features(target, ids[:-1], cache, logits_to_keep=1, layers=head.cfg.feature_layers)
     hcache = DynamicCache()
     pred = head(feats[None, :-1], torch.tensor([ids[1:-1]]), torch.arange(context_len - 1)[None], None, hcache)[:, -1:]
     t_target, t_head = [], []
@@ -192,5 +193,6 @@ def head_cost_ratio(target: torch.nn.Module, head, context_len: int = 64, repeat
         if r >= 2:
             t_target.append(t1 - t0)
             t_head.append(t3 - t2)
-    t1m, thm = float(np.median(t_target)), float(np.median(t_head))
-    return {"t1": t1m, "head": thm, "c": thm / t1m}
+    q1, med, q3 = np.percentile(np.array(t_head) / np.array(t_target), [25, 50, 75])
+    return {"c": float(med), "c_q1": float(q1), "c_q3": float(q3),
+            "t1": float(np.median(t_target)), "head": float(np.median(t_head))}

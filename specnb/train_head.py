@@ -56,16 +56,18 @@ class TrainConfig:
     train_fraction: float = 1.0  # learning curve: train on this seeded share of the training documents
     draft_vocab: int = 8192  # V': the reduced draft vocabulary (most frequent target labels)
     input_norms: bool = False  # separate RMS norms on the token embedding and the feature before fc (EAGLE-3)
-    soft_labels: bool = True  # cross-entropy against the target's softmax over V' (else its argmax)
-    depth: int = 1  # chained passes in training (1: no training-time test)
+    feature_layers: tuple = ()  # also read these target layers' outputs, fused with the last (EAGLE-3); () = last only
+    soft_labels: bool = False  # cross-entropy against the target's softmax over V' (else its argmax)
+    depth: int = 2  # chained passes in training (1: no training-time test)
     depth_decay: float = 0.8  # pass d's loss weight is depth_decay ** d (EAGLE-3)
     ce_weight: float = 1.0  # weight of the token cross-entropy
     reg_weight: float = 0.1  # weight of the feature regression (EAGLE-1: 1.0, with ce_weight 0.1)
     noise: float = 0.0  # uniform noise U(-noise, noise) on the input features (EAGLE-1)
+    bf16: bool = True  # bfloat16 autocast for the training passes where the CPU has bf16 units (weights stay float32)
     epochs: float = 2.0
     batch_tokens: int = 2048  # tokens per optimizer step
     seq_len: int = 256  # training windows
-    lr: float = 1e-3
+    lr: float = 3e-3
     weight_decay: float = 0.0
     warmup: int = 50
     init_from_last_layer: bool = True
@@ -102,7 +104,7 @@ def chain_mask(T: int, d: int) -> torch.Tensor:
 
 def chained_forward(head: DraftHead, feats: torch.Tensor, tokens: torch.Tensor, depth: int,
                     detach: bool = False, noise: float = 0.0) -> list[torch.Tensor]:
-    """``feats: (B, T, H)`` f_t, ``tokens: (B, T)`` x_t -> ``depth`` predictions, each ``(B, T - 1, H)``.
+    """``feats: (B, T, F)`` f_t, ``tokens: (B, T)`` x_t -> ``depth`` predictions, each ``(B, T - 1, H)``.
 
     Prediction d (0-based) at index i is the head's guess of f_{i+d+1} after d of its own
     features were fed back (pair (f^_{i+d}, x_{i+d+1}) at position i+d); it is scored against
@@ -143,6 +145,7 @@ def loss_terms(head: DraftHead, preds: list[torch.Tensor], feats: torch.Tensor, 
     is outside V' are left out in both cases.
     """
     n = feats.shape[1] - 1
+    H = head.cfg.hidden_size  # a multi-layer head's features end with the last hidden state: the target
     ce_sum, reg_sum, agree, wsum = 0.0, 0.0, [], 0.0
     for d, pred in enumerate(preds):
         m = n - d  # indices with a label at i + d + 1
@@ -152,7 +155,7 @@ def loss_terms(head: DraftHead, preds: list[torch.Tensor], feats: torch.Tensor, 
         yi = label_index[y]
         keep = ok & (yi >= 0)
         logits = head.logits(p)  # (B, m, V')
-        target_f = feats[:, d + 1:d + 1 + m].float()
+        target_f = feats[:, d + 1:d + 1 + m, -H:].float()
         if not keep.any():
             ce = logits.sum() * 0
         elif soft:
@@ -199,6 +202,19 @@ def _batch(seqs: list[Sequence], windows, pad_to: int):
     return feats, tokens, labels, valid
 
 
+def bf16_training_supported() -> bool:
+    """Whether this CPU has bfloat16 units that oneDNN uses (AMX or AVX512-BF16).
+
+    Measured on the Intel Xeon (Sapphire Rapids, AMX), one step of 2,048 tokens: 0.66 s in
+    float32 and 0.27 s under bfloat16 autocast at depth 1; 1.28 s and 0.55 s at depth 2.
+    Without such units autocast would emulate bfloat16 and be slower, so training stays float32.
+    """
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: int,
           progress: bool = True, validation: list[Sequence] | None = None) -> dict:
     """Train ``head`` in place on ``seqs``; returns the loss curve, the validation curve and the step kept.
@@ -209,6 +225,7 @@ def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: i
     """
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
+    autocast = cfg.bf16 and bf16_training_supported()
     label_index = torch.full((vocab_size,), -1, dtype=torch.long)
     label_index[head.vocab_ids] = torch.arange(len(head.vocab_ids))
     windows = _windows(seqs, cfg.seq_len)
@@ -228,9 +245,11 @@ def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: i
     for step in bar:
         pick = [windows[j] for j in order[step * per_batch:(step + 1) * per_batch]]
         feats, tokens, labels, valid = _batch(seqs, pick, max(b - a for _, a, b in pick))
-        preds = chained_forward(head, feats, tokens, cfg.depth, noise=cfg.noise)
-        ce, reg, agree = loss_terms(head, preds, feats, labels, valid, label_index, cfg.soft_labels, cfg.depth_decay)
-        loss = cfg.ce_weight * ce + cfg.reg_weight * reg
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            preds = chained_forward(head, feats, tokens, cfg.depth, noise=cfg.noise)
+            ce, reg, agree = loss_terms(head, preds, feats, labels, valid, label_index, cfg.soft_labels,
+                                        cfg.depth_decay)
+            loss = cfg.ce_weight * ce + cfg.reg_weight * reg
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -258,6 +277,7 @@ def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: i
         head.load_state_dict(best_state)
     head.eval()
     return {"steps": steps, "curve": curve, "windows": len(windows), "validation": val_curve,
+            "precision": "bfloat16 autocast" if autocast else "float32",
             "kept_step": kept if best_state is not None else steps, "stopped_at": stopped}
 
 
@@ -390,7 +410,7 @@ def load_head(target, folder: Path | None = None) -> tuple[DraftHead, dict]:
 
 
 def new_head(target, vocab_ids: torch.Tensor, cfg: TrainConfig) -> DraftHead:
-    head = DraftHead(HeadConfig.from_target(target.config, len(vocab_ids), cfg.input_norms))
+    head = DraftHead(HeadConfig.from_target(target.config, len(vocab_ids), cfg.input_norms, cfg.feature_layers))
     head.vocab_ids.copy_(vocab_ids)
     if cfg.init_from_last_layer:
         head.init_from_target_layer(target)
@@ -493,6 +513,7 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
         "trainable_parameters": head.trainable_parameters,
         "steps": log["steps"],
         "kept_step": log["kept_step"],
+        "precision": log["precision"],
         "stopped_at": log["stopped_at"],
         "loss_curve": log["curve"],
         "validation_curve": log["validation"],

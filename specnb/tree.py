@@ -181,17 +181,18 @@ def greedy_walk(tree: Tree, g: list[int]) -> tuple[list[int], int]:
 
 
 @torch.inference_mode()
-def forward_tree(model: torch.nn.Module, root: int, tree: Tree, cache, features: bool = False,
+def forward_tree(model: torch.nn.Module, root: int, tree: Tree, cache, features: bool | tuple = False,
                  bug: str = "exact", position: int | None = None):
     """One target forward over the root and the tree's N drafts, appended after what ``cache`` holds.
 
     Returns ``logits: (N+1, vocab)``, row i the target's logits after ``ids + path(i)``; with
-    ``features=True`` also ``hidden: (N+1, H)``, the last hidden states (for a draft head).
+    ``features=True`` also ``hidden: (N+1, H)``, the last hidden states (for a draft head); a tuple of
+    layers, those layers' outputs too (:func:`specnb.cache.decoder_features`, ``(N+1, F)``).
     The cache grows by N + 1 entries, in node order; :func:`specnb.cache.keep_path` cleans it up.
     ``position`` is the root's position id (default: the cache's length, right when the cache
     holds exactly the sequence before the root).
     """
-    from .cache import _decoder_and_head, cache_keyword, cache_length
+    from .cache import _decoder_and_head, cache_keyword, cache_length, decoder_features
 
     if bug not in TREE_BUGS:
         raise ValueError(f"bug must be one of {TREE_BUGS}, got {bug!r}")
@@ -199,12 +200,13 @@ def forward_tree(model: torch.nn.Module, root: int, tree: Tree, cache, features:
     positions, mask = tree_inputs(tree, past, bug, position)
     dtype = next(model.parameters()).dtype
     x = torch.tensor([[root, *tree.tokens]], dtype=torch.long)  # (1, N+1)
-    if features:
+    if features is not False:
         decoder, lm_head = _decoder_and_head(model)
-        out = decoder(input_ids=x, position_ids=positions, attention_mask=mask.to(dtype),
-                      **{cache_keyword(decoder): cache, "use_cache": True})
-        hidden = out.last_hidden_state[0]  # (N+1, H)
-        return lm_head(hidden), hidden
+        layers = () if features is True else tuple(features)
+        hidden = decoder_features(decoder, layers, input_ids=x, position_ids=positions,
+                                  attention_mask=mask.to(dtype), **{cache_keyword(decoder): cache,
+                                                                   "use_cache": True})[0]  # (N+1, F)
+        return lm_head(hidden[:, -model.config.hidden_size:]), hidden
     out = model(input_ids=x, position_ids=positions, attention_mask=mask.to(dtype),
                 **{cache_keyword(model): cache, "use_cache": True})
     return out.logits[0]

@@ -65,12 +65,13 @@ class TreeBench:
         return out
 
     def table(self) -> str:
-        lines = ["| kind | family | setting (chosen on calibration) | tokens / forward | speedup (median, q1-q3) "
-                 "| identical |", "|---|---|---|---|---|---|"]
-        for r in self.rows():
-            lines.append(f"| {r['kind']} | {r['family']} | {r['setting']} | {r['tokens_per_round']:.2f} | "
-                         f"{r['speedup']:.2f} ({r['q1']:.2f}-{r['q3']:.2f}) | {r['identical']}/{r['runs']} |")
-        return "\n".join(lines)
+        from .booktext import table
+
+        return table(["kind", "family", "setting (chosen on calibration)", "tokens / forward",
+                      "speedup (median, q1-q3)", "identical"],
+                     [[r["kind"], r["family"], r["setting"], f"{r['tokens_per_round']:.2f}",
+                       f"{r['speedup']:.2f} ({r['q1']:.2f}-{r['q3']:.2f})", f"{r['identical']}/{r['runs']}"]
+                      for r in self.rows()])
 
     def ratios(self) -> dict:
         """Per kind: best tree's tokens per forward / best chain's, and speedup difference."""

@@ -116,7 +116,8 @@ def _tree_loop(target: torch.nn.Module, draft: Draft, ids: list[int], n_nodes: i
         t1 = time.perf_counter()
         # 2. One target forward over the root and every node: logits (N+1, vocab).
         if feats:
-            logits, hidden = forward_tree(target, ids[-1], tree, cache, features=True, bug=bug, position=past)
+            logits, hidden = forward_tree(target, ids[-1], tree, cache, features=draft.feature_layers or True, bug=bug,
+                                          position=past)
         else:
             logits = forward_tree(target, ids[-1], tree, cache, bug=bug, position=past)
         t2 = time.perf_counter()

@@ -89,11 +89,7 @@ class HeadTreeDraft(HeadDraft):
     def propose_tree(self, ids: list[int], n_nodes: int) -> Tree:
         if self.state is None:
             self.reset(self.eos_token_id)
-        before = self.state.forwards
-        try:
-            return self._grow(ids, n_nodes)
-        finally:
-            self.forwards += self.state.forwards - before
+        return self._counting(self.state, lambda: self._grow(ids, n_nodes))
 
     def _logprobs(self, pred: torch.Tensor) -> torch.Tensor:
         """``pred: (T, H)`` -> log-probabilities over the head's reduced vocabulary ``(T, V')``."""

@@ -30,6 +30,7 @@ class RecordingDraft(Draft):
         self.inner = inner
         self.name = inner.name
         self.uses_features = inner.uses_features  # a trained head still gets the target's features
+        self.feature_layers = inner.feature_layers
         self.proposals: list[list[int]] = []
 
     def reset(self, eos_token_id: int | None = None) -> None:

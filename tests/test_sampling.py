@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from specnb import exact, sampling
 from specnb.decode import greedy, sample, speculative_sample
-from specnb.distcheck import chi_square_test, rejection_rate
+from specnb.distcheck import chi_square_test, later_token_test, rejection_rate
 from specnb.drafts import ModelDraft, PromptLookupDraft
 from specnb.sampling import VARIANTS, WRONG_VARIANTS, SamplingParams, warp
 from specnb.tiny import tiny_llama
@@ -339,6 +339,44 @@ def test_end_to_end_generation_is_distributed_as_the_target(small, name):
     pairs = torch.tensor([r.tokens[0] * V + r.tokens[1] for r in results])
     p_value = chi_square_test(pairs, expected).p_value
     assert (p_value > ALPHA) if v.correct else (p_value < ALPHA), (name, p_value)
+
+
+@pytest.mark.parametrize("mode", ["exact", "one-too-few"])
+def test_second_token_given_the_first_follows_the_target(small, mode):
+    """A later token: 400 runs of 3 tokens (k = 2), each run's second token against the target's exact
+    p(. | prompt, its first token), by distcheck.later_token_test. A round whose first draft is rejected
+    sends the second token through a second round, after the rollback: with the target's cache cropped one
+    position short, the same test must reject."""
+    tgt, drf = small
+    prompt, params, runs = [1, 2, 3, 1], SamplingParams(2.0, top_k=3), 400
+    joint = exact_two_tokens(tgt, prompt, params)
+    results = [speculative_sample(tgt, ModelDraft(drf), prompt, 2, 3, params, seed=s, rollback_mode=mode)
+               for s in range(runs)]
+    assert sum(r.rounds[0].accepted == 0 for r in results) >= runs // 10  # enough second rounds to judge
+    first = torch.tensor([r.tokens[0] for r in results])
+    second = torch.tensor([r.tokens[1] for r in results])
+    test = later_token_test(first, second, lambda x: joint[x] / joint[x].sum())
+    assert (test.p_value > ALPHA) if mode == "exact" else (test.p_value < ALPHA), (mode, test)
+
+
+def test_later_token_test_needs_enough_samples():
+    with pytest.raises(ValueError, match="draw at least 50 samples"):
+        later_token_test(torch.tensor([0, 1, 2]), torch.tensor([0, 0, 0]), lambda x: torch.ones(3) / 3)
+
+
+def test_pit_values_are_uniform_for_correct_draws_and_skewed_for_wrong_ones():
+    """The transform behind later_token_test: tokens drawn from their own rows give uniform values
+    (mean 1/2, each decile about 1/10); tokens drawn from a flattened p give values pushed up."""
+    from specnb.distcheck import pit_values
+
+    gen = torch.Generator().manual_seed(0)
+    ps = torch.softmax(torch.randn(4000, 50, generator=gen, dtype=F64) * 2, -1)
+    right = torch.multinomial(ps, 1, generator=gen)[:, 0]
+    u = pit_values(right, ps, gen)
+    assert abs(float(u.mean()) - 0.5) < 0.02 and torch.bincount((u * 10).long(), minlength=10).min() > 330
+    flat = torch.softmax(torch.log(ps) / 2, -1)  # temperature 2: too much mass on unlikely tokens
+    wrong = torch.multinomial(flat, 1, generator=gen)[:, 0]
+    assert float(pit_values(wrong, ps, gen).mean()) > 0.55
 
 
 def test_end_to_end_prompt_lookup_one_hot_q(small):

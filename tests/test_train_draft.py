@@ -49,6 +49,12 @@ def test_quick_training_run_end_to_end(tmp_path, monkeypatch, capsys):
     assert all(0 <= r["a1"] <= 1 and r["seconds"] > 0 for r in card["ablation"]["rows"])
     sizes = [r["training_tokens"] for r in card["learning_curve"]["rows"]]
     assert sizes[0] < sizes[1] and card["held_out"]["positions"] > 0, sizes
+    # a head that also reads two lower layers of the target (EAGLE-3's fused features), against the last only
+    out_json = tmp_path / "layers.json"
+    assert main(["head-study", "--quick", "--threads", "1", "--compare-layers", "15", "2", "--out", str(out_json)]) == 0
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [r["name"] for r in rows] == ["last hidden state only", "fused layers 2, 15 + last"]
+    assert all(0 <= r["a1"] <= 1 for r in rows) and rows[0]["training_tokens"] == rows[1]["training_tokens"]
 
 
 def test_training_without_the_model_package_says_how_to_install(monkeypatch):
