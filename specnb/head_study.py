@@ -75,7 +75,7 @@ def ablation(target, data: dict, base: TrainConfig, fraction: float, levers: lis
 
     base = replace(base, **ABLATION_BASE, train_fraction=fraction)
     names = levers or list(LEVERS)
-    rows = [_row("base", "the default recipe (TrainConfig)", base, target, data, progress)]
+    rows = [_row("base", base_words(asdict(base)), base, target, data, progress)]
     for name in tqdm(names, desc="ablation", unit="run", disable=not progress):
         what, change = LEVERS[name]
         rows.append(_row(name, what, replace(base, **change), target, data, progress))
@@ -154,12 +154,19 @@ def recipe_change(study: dict) -> dict:
     return change
 
 
+def base_words(base: dict) -> str:
+    """What the ablation's base recipe is, in words (from its config)."""
+    passes = "one pass" if base["depth"] == 1 else f"{base['depth']} chained passes"
+    return (f"the ablation's base: {'soft' if base['soft_labels'] else 'hard'} labels, {passes}, "
+            f"lr {base['lr']:g}")
+
+
 def ablation_markdown(study: dict, kinds=("prose", "code", "grounded")) -> str:
     """The ablation as a markdown table: a_1, a_2|1, change of a_1 against the base, a_1 per kind."""
     from .booktext import table
 
     base = study["rows"][0]["a1"]
-    rows = [[r["name"], r["what"], f"{r['a1']:.3f}", "" if r["name"] == "base" else f"{r['a1'] - base:+.3f}",
+    rows = [[r["name"], base_words(study["base"]) if r["name"] == "base" else r["what"], f"{r['a1']:.3f}", "" if r["name"] == "base" else f"{r['a1'] - base:+.3f}",
              "-" if r["a2_given_1"] is None else f"{r['a2_given_1']:.3f}"]
             + [f"{r['by_kind'][k]['a1']:.3f}" if k in r["by_kind"] else "-" for k in kinds] for r in study["rows"]]
     return table(["recipe", "change", "a_1", "vs base", "a_2|1"] + [f"a_1 {k}" for k in kinds], rows)
