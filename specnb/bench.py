@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from .costmodel import loop_c
 from .decode import greedy, speculative_greedy
 from .drafts import Draft, ModelDraft, PromptLookupDraft
 from .kernels import kernels_of, make, using
@@ -271,9 +272,9 @@ class SideBySide:
 
     @property
     def c(self) -> float:
-        """specnb draft seconds per round / (k * greedy seconds per token)."""
-        rounds = self.counts["specnb"]["rounds"]
-        return self.draft_seconds / rounds / self.k / statistics.median(self.greedy_per_token) if rounds else float("nan")
+        """:func:`specnb.costmodel.loop_c` of specnb's loop: its draft seconds per round / k, against
+        the median plain greedy seconds per token."""
+        return loop_c(self.draft_seconds, self.counts["specnb"]["rounds"], self.k, statistics.median(self.greedy_per_token))
 
 
 def side_by_side(model, tokenizer, draft: Draft, method: str, prompts: list[Prompt], k: int, max_new_tokens: int = 48,

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from .cache import forward, new_cache
-from .costmodel import refined_speedup
-from .decode import greedy
+from .costmodel import loop_c, refined_speedup
+from .decode import cut_drafts, greedy
 from .drafts import Draft, ModelDraft
 from .sweep import pooled_positions
 
@@ -99,10 +99,9 @@ def replay(draft: Draft, prompt_ids: list[int], greedy_tokens: list[int], k: int
     while len(out) < max_new_tokens and len(out) < len(greedy_tokens):
         budget = max_new_tokens - len(out)
         t0 = time.perf_counter()
-        drafts = draft.propose(ids, min(k, budget - 1))[: max(budget - 1, 0)]  # 1. fetch candidates
+        drafts = draft.propose(ids, min(k, budget - 1))  # 1. fetch candidates
         rec.t_propose.append(time.perf_counter() - t0)
-        if eos_token_id is not None and eos_token_id in drafts:
-            drafts = drafts[: drafts.index(eos_token_id) + 1]
+        drafts = cut_drafts(drafts, budget, eos_token_id)
         g = greedy_tokens[len(out): len(out) + len(drafts) + 1]  # 2. the target's choices, known
         if len(g) < len(drafts) + 1 and not ended_by_eos:
             raise ValueError("greedy_tokens ends before the budget: generate it with the same max_new_tokens")
@@ -154,7 +153,7 @@ class Calibration:
 
         The draft cost per round is ``c * m`` averaged over rounds when ``c`` is
         given (a model draft: one forward per drafted token), else the measured
-        draft seconds per round / ``t1``.
+        draft seconds per round / ``t1`` (k times :func:`specnb.costmodel.loop_c`).
         """
         stats = {}
         for k, rs in sorted(rounds.items()):
@@ -162,7 +161,7 @@ class Calibration:
             n = np.array([r[1] for r in rs])
             attempts = np.array([np.sum((n >= i) & (m > i)) for i in range(k)])
             accepts = np.array([np.sum(n > i) for i in range(k)])
-            cost = float(c * m.mean()) if c is not None else float(np.mean([r[2] for r in rs]) / t1)
+            cost = float(c * m.mean()) if c is not None else k * loop_c(sum(r[2] for r in rs), len(rs), k, t1)
             stats[k] = KStats(k, len(rs), (accepts / len(rs)).tolist(),
                               [float(a / t) if t else float("nan") for a, t in zip(accepts, attempts)],
                               np.bincount(m, minlength=k + 1).tolist(), cost)
@@ -181,7 +180,7 @@ class Calibration:
             stats[k] = KStats(k, rounds, (accepts / rounds).tolist(),
                               [float(a / t) if t else float("nan") for a, t in zip(accepts, attempts)],
                               np.sum([r["drafted_hist"] for r in rs], axis=0).tolist(),
-                              sum(r["t_draft"] for r in rs) / rounds / t1)
+                              k * loop_c(sum(r["t_draft"] for r in rs), rounds, k, t1))
         return cls(draft, stats, None, len({(r.get("kind"), r.get("prompt")) for r in records}),
                    sum(r["tokens"] for r in records), note)
 

@@ -269,7 +269,7 @@ def _info(args) -> int:
 def _tree_bench(args) -> int:
     from .env import machine_line
     from .models import load_offline_target
-    from .train_head import load_head
+    from .head_io import load_head
     from .tree_bench import default_settings, tree_vs_chain
 
     target = load_offline_target()
@@ -330,9 +330,10 @@ def _head_study(args) -> int:
         for r in rows:
             print(f"  {r['name']:28s} a_1 {r['a1']:.3f}  a_2|1 {_num(r['a2_given_1'])}  prose a_1 "
                   f"{_num(r['by_kind'].get('prose', {}).get('a1'))}  ({r['training_tokens']} tokens, {r['seconds']:.0f} s)")
+        result = {"recipe": th.asdict(cfg), "machine": machine_line(target.model), "rows": rows}
         if args.out:
-            Path(args.out).write_text(json.dumps({"recipe": th.asdict(cfg), "machine": machine_line(target.model),
-                                                  "rows": rows}, indent=1) + "\n")
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"-> {head_study.write_into_card(Path(args.into) if args.into else th.head_dir(), 'fused_layers', result)}")
         if not (args.ablation or args.learning_curve):
             return 0
     data, _ = build_data(target.model, target.tokenizer, cfg,
@@ -440,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--into", help="folder of the head whose card records the results (default: the specnb cache)")
     p.add_argument("--compare-layers", type=int, nargs="+", metavar="LAYER",
                    help="the default recipe reading the last hidden state only, then also these target layers "
-                        "(EAGLE-3's fused features), on the same data; printed and written to --out")
+                        "(EAGLE-3's fused features), on the same data; printed, recorded in the card, and written to --out")
     p.add_argument("--max-prompts", type=int, help="with --compare-layers: the first n generated conversations")
     p.add_argument("--teacher-chars", type=int, help="with --compare-layers: characters of teacher-forced text")
     p.add_argument("--out", help="with --compare-layers: a JSON file for the rows")

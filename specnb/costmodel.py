@@ -39,6 +39,32 @@ def expected_tokens(a, k):
     return np.where(a == 1, k + 1, e)[()]
 
 
+def loop_c(draft_seconds: float, rounds: int, k: int, t1: float) -> float:
+    """c measured inside a decoding loop: the draft's seconds per round / k, in units of T(1).
+
+    The notation page's c is one draft forward / one target forward. Two ways to measure it, one
+    definition: timed apart (:func:`specnb.timing.cost_ratio`, :func:`specnb.timing.head_cost_ratio`:
+    the median of paired one-token forwards) or, here, from a loop's own draft time, with T(1)
+    the seconds per token of plain greedy decoding paired with it. A draft that runs one forward
+    per drafted token and drafts k every round gives exactly that ratio; one that drafts fewer
+    (prompt lookup, a confidence threshold) is charged its whole round's draft time over k
+    positions, so that a round's draft cost is k c target forwards, as :func:`round_cost` counts
+    it. For a tree, k is the most nodes a round drafts. ``nan`` for a run with no rounds.
+    """
+    if rounds <= 0:
+        return float("nan")
+    if k < 1 or t1 <= 0 or draft_seconds < 0:
+        raise ValueError(f"loop_c needs k >= 1, T(1) > 0 and draft seconds >= 0, got k={k}, t1={t1}, "
+                         f"draft_seconds={draft_seconds}")
+    return draft_seconds / rounds / k / t1
+
+
+def accepted_per_drafted(a, k):
+    """(E - 1) / k: accepted drafts / drafted tokens that independent acceptance ``a`` at every
+    position gives with k drafts a round, a (1 - a^k) / (k (1 - a)); at k = 1 it is a itself."""
+    return (expected_tokens(a, k) - 1) / np.asarray(k, dtype=float)
+
+
 def round_cost(c, k, verify=1.0):
     """C = k*c + verify: a round's cost in target forwards (``verify`` = T(k+1)/T(1); 1 in the simple model)."""
     c = np.asarray(c, dtype=float)

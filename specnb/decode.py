@@ -221,6 +221,16 @@ def start_loop(target: torch.nn.Module, draft: Draft, ids: list[int], eos_token_
     return cache, start
 
 
+def cut_drafts(drafts: list[int], budget: int, eos_token_id: int | None) -> list[int]:
+    """The drafts a round may verify: at most ``budget - 1`` (the round adds one token of the
+    target's, and the output may hold ``budget`` more) and none after an EOS. Used by the loop
+    and by :func:`specnb.calibration.replay`, so that both cut alike."""
+    drafts = drafts[: max(budget - 1, 0)]
+    if eos_token_id is not None and eos_token_id in drafts:
+        drafts = drafts[: drafts.index(eos_token_id) + 1]
+    return drafts
+
+
 def _speculative_loop(target: torch.nn.Module, draft: Draft, ids: list[int], k: int, max_new_tokens: int,
                       eos_token_id: int | None, rule, result: DecodeResult, rollback_mode: str = "exact"
                       ) -> DecodeResult:
@@ -240,9 +250,7 @@ def _speculative_loop(target: torch.nn.Module, draft: Draft, ids: list[int], k: 
         t0 = time.perf_counter()
         forwards_before = draft.forwards
         drafts, q = rule.propose(draft, ids, min(k, budget - 1))
-        drafts = drafts[: max(budget - 1, 0)]
-        if eos_token_id is not None and eos_token_id in drafts:
-            drafts = drafts[: drafts.index(eos_token_id) + 1]
+        drafts = cut_drafts(drafts, budget, eos_token_id)
         if q is not None:
             q = q[: len(drafts)]
         t1 = time.perf_counter()

@@ -272,7 +272,7 @@ def draft_from_name(model: torch.nn.Module, name: str) -> Draft:
         return ModelDraft(model, name="target as its own draft")
     base, _, thr = name.partition("@")
     if base in ("head", "hybrid"):
-        from .train_head import load_head
+        from .head_io import load_head
 
         try:
             threshold = float(thr) if thr else 0.0
@@ -282,7 +282,7 @@ def draft_from_name(model: torch.nn.Module, name: str) -> Draft:
         return head_draft if base == "head" else HybridDraft(PromptLookupDraft(), head_draft,
                                                             name=f"lookup, else {head_draft.name}")
     if name in ("tree-head", "tree-static"):
-        from .train_head import load_head
+        from .head_io import load_head
         from .tree_drafts import HeadTreeDraft, shape_from_branching
 
         head = load_head(model)[0]
@@ -302,7 +302,7 @@ class HeadDraft(Draft):
     ``threshold`` > 0 is dynamic drafting (EAGLE-2, transformers'
     ``assistant_confidence_threshold``): the round stops before a draft whose top
     probability under the head is below it. Load a head with
-    :func:`specnb.train_head.load_head`.
+    :func:`specnb.head_io.load_head`.
     """
 
     uses_features = True

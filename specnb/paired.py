@@ -6,7 +6,7 @@ threshold) chosen *before* the reported runs? :func:`paired_runs` times every
 (draft, setting) on every prompt between two plain-greedy runs of the same prompt
 (a noisy machine slows both alike) and checks each output against plain greedy;
 :func:`best_settings` picks, per kind of text, the setting with the highest
-median paired ratio on calibration prompts; :func:`report` gives the median and
+median paired ratio on calibration prompts; :func:`setting_rows` gives the median and
 quartiles of the paired ratio on the report prompts, for those settings only.
 
 Definitions as in :mod:`specnb.sweep` (chapter 4): speedup = greedy time per token /
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .costmodel import loop_c
 from .decode import DecodeResult, greedy, sample, speculative_greedy, speculative_sample
 from .drafts import Draft, HeuristicK
 from .prompts import Prompt, encode
@@ -85,8 +86,11 @@ def paired_runs(model: torch.nn.Module, tokenizer, prompts: list[Prompt], drafts
     return out
 
 
-def summarize(records: list[dict], by: tuple[str, ...] = ("kind", "setting")) -> dict[tuple, dict]:
-    """Median and quartiles of the paired speedup, a, accepted/drafted and c, grouped by ``by``."""
+def setting_rows(records: list[dict], by: tuple[str, ...] = ("kind", "setting")) -> dict[tuple, dict]:
+    """Median and quartiles of the paired speedup, a, accepted/drafted and c, grouped by ``by``.
+
+    c is :func:`specnb.costmodel.loop_c` of the group's pooled draft time and rounds, against the
+    mean of the paired greedy seconds per token (a group is one setting, so one k)."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault(tuple(r[b] for b in by), []).append(r)
@@ -96,21 +100,20 @@ def summarize(records: list[dict], by: tuple[str, ...] = ("kind", "setting")) ->
         attempts = sum(sum(r["attempts"]) for r in rs)
         accepts = sum(sum(r["accepts"]) for r in rs)
         drafted = sum(r["drafted"] for r in rs)
-        fwd = sum(r["draft_forwards"] for r in rs)
         t_draft = sum(r["t_draft"] for r in rs)
         g = np.mean([r["greedy_per_token"] for r in rs])
         out[key] = {"runs": len(rs), "speedup": float(np.median(s)), "q1": float(np.quantile(s, 0.25)),
                     "q3": float(np.quantile(s, 0.75)), "a": accepts / attempts if attempts else float("nan"),
                     "accepted_per_drafted": sum(r["accepted"] for r in rs) / drafted if drafted else float("nan"),
                     "tokens_per_round": sum(r["tokens"] for r in rs) / sum(r["rounds"] for r in rs),
-                    "c": (t_draft / fwd) / g if fwd else 0.0,
+                    "c": loop_c(t_draft, sum(r["rounds"] for r in rs), rs[0]["k"], g),
                     "identical": sum(r["identical"] for r in rs)}
     return out
 
 
 def best_settings(records: list[dict]) -> dict[str, str]:
     """Per kind of text, the setting label with the highest median paired speedup in ``records``."""
-    rows = summarize(records)
+    rows = setting_rows(records)
     best: dict[str, tuple[float, str]] = {}
     for (kind, label), row in rows.items():
         if kind not in best or row["speedup"] > best[kind][0]:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .costmodel import naive_speedup, refined_speedup, speedup
+from .costmodel import loop_c, naive_speedup, refined_speedup, speedup
 from .decode import DecodeResult, greedy, speculative_greedy
 from .drafts import draft_from_name
 from .env import machine_info
@@ -179,7 +179,7 @@ def run_sweep(model: torch.nn.Module, tokenizer, config: SweepConfig = SweepConf
                            "prompt": index, "repeat": rep, "identical": spec.tokens == before.tokens,
                            "greedy_per_token": t1, **run_record(spec, k)}
                     rec["speedup"] = t1 / rec["per_token"]
-                    rec["c"] = rec["t_draft"] / rec["rounds"] / k / t1 if rec["rounds"] else float("nan")
+                    rec["c"] = loop_c(rec["t_draft"], rec["rounds"], k, t1)
                     runs.append(rec)
                 before = after
     bar.close()

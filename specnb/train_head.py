@@ -13,14 +13,11 @@
 3. **Evaluation**: the same chained passes on held-out continuations give the
    agreement with the target at each draft position.
 
-A checkpoint is ``draft_head.safetensors`` (fp16) plus ``draft_head.json`` (the card):
-config, data sizes and sources, seed, steps, loss curve, validation curve, held-out agreement,
-machine, versions, and the target's fingerprint. Loading checks the card before the weights.
+The checkpoint (``draft_head.safetensors`` in fp16 plus the card ``draft_head.json``) is written
+and read by ``head_io.py``; this module re-exports its names for the chapters' ``th.load_head``.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,15 +30,8 @@ from tqdm.auto import tqdm
 from .head import DraftHead, HeadConfig
 from .head_data import (Sequence, build_data, draft_vocabulary, features, generate, generate_ids,  # noqa: F401
                         held_out_set, teacher_docs, vocab_coverage)
-from .kernels import kernels_of, use_kernels
-from .models import cache_dir
-
-HEAD_NAME = "draft_head"
-FORMAT = 1
-
-
-class HeadUnavailableError(RuntimeError):
-    """No usable trained head: missing, corrupt, or trained for another target."""
+from .head_io import (FORMAT, HEAD_NAME, HeadUnavailableError, find_head, head_dir, load_head,  # noqa: F401
+                      packaged_dir, save_head, target_fingerprint)
 
 
 @dataclass
@@ -327,86 +317,6 @@ def evaluate(head: DraftHead, seqs: list[Sequence], depth: int, seq_len: int = 5
 
 # ---------------------------------------------------------------------------------------------
 # 5. Checkpoint: safetensors + card
-
-
-def target_fingerprint(target) -> str:
-    """A short hash of the target's config and a strided sample of its weights (changes with any retrain)."""
-    h = hashlib.sha256()
-    cfg = target.config.to_dict()
-    for key in ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads"):
-        h.update(f"{key}={cfg.get(key)};".encode())
-    last = f"model.layers.{cfg.get('num_hidden_layers', 1) - 1}."  # the last decoder layer (29 for SmolLM2-135M)
-    with torch.no_grad():
-        for name, p in sorted(target.state_dict().items()):
-            if name.endswith(("norm.weight", "embed_tokens.weight")) or name.startswith(last):
-                h.update(name.encode())
-                h.update(p.detach().float().flatten()[::97].numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def head_dir() -> Path:
-    return cache_dir() / "draft-head"
-
-
-def packaged_dir() -> Path:
-    return Path(__file__).parent / "data"
-
-
-def save_head(head: DraftHead, card: dict, folder: Path) -> Path:
-    """Write ``draft_head.safetensors`` (fp16) and ``draft_head.json`` atomically into ``folder``."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in head.state_dict().items()}
-    tmp = folder / f".{HEAD_NAME}.safetensors.partial"
-    save_file(state, str(tmp))
-    tmp.replace(folder / f"{HEAD_NAME}.safetensors")
-    (folder / f"{HEAD_NAME}.json").write_text(json.dumps(card, indent=1) + "\n")
-    return folder
-
-
-def find_head() -> Path:
-    """The folder holding a trained head: the specnb cache first, then the copy inside the package."""
-    for folder in (head_dir(), packaged_dir()):
-        if (folder / f"{HEAD_NAME}.json").exists() and (folder / f"{HEAD_NAME}.safetensors").exists():
-            return folder
-    raise HeadUnavailableError(
-        f"no trained draft head found in {head_dir()} or {packaged_dir()}: run `make draft` "
-        "(or `specnb train-draft`) to train one (about 45 minutes on 2 cores)")
-
-
-def load_head(target, folder: Path | None = None) -> tuple[DraftHead, dict]:
-    """Load a head for ``target``: check its card (format, target fingerprint) before the weights."""
-    from safetensors.torch import load_file
-
-    folder = Path(folder) if folder is not None else find_head()
-    card_path, weights = folder / f"{HEAD_NAME}.json", folder / f"{HEAD_NAME}.safetensors"
-    try:
-        card = json.loads(card_path.read_text())
-        cfg = HeadConfig(**card["config"]["head"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise HeadUnavailableError(f"the draft head's card {card_path} is missing or corrupt ({e}): "
-                                   "run `make draft` to retrain it") from None
-    if card.get("format") != FORMAT:
-        raise HeadUnavailableError(f"{card_path} has format {card.get('format')!r}, this specnb reads {FORMAT}: "
-                                   "run `make draft`")
-    fp = target_fingerprint(target)
-    if card.get("target_fingerprint") != fp:
-        raise HeadUnavailableError(
-            f"the draft head in {folder} was trained for another target (fingerprint "
-            f"{card.get('target_fingerprint')} != this target's {fp}): run `make draft` to train one for it")
-    head = DraftHead(cfg)
-    try:
-        state = load_file(str(weights))
-        head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
-    except Exception as e:  # safetensors raises several types on truncated or foreign files
-        raise HeadUnavailableError(f"the draft head's weights {weights} are missing or corrupt ({e}): "
-                                   "run `make draft` to retrain it") from None
-    head.attach(target)
-    head.eval()
-    if kernels_of(target) is not None:
-        use_kernels(head, kernels_of(target))  # the target's kernels: one backend per run
-    return head, card
 
 
 def new_head(target, vocab_ids: torch.Tensor, cfg: TrainConfig) -> DraftHead:

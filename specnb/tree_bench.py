@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .corpus import held_out_prompts
 from .drafts import HeadDraft
-from .paired import Setting, best_settings, paired_runs, summarize
+from .paired import Setting, best_settings, paired_runs, setting_rows
 from .tree_drafts import HeadTreeDraft, shape_from_branching
 
 FAMILIES = ("chain", "static tree", "dynamic tree")
@@ -56,7 +56,7 @@ class TreeBench:
 
     def rows(self) -> list[dict]:
         """One row per (kind, family) of the report runs."""
-        summary = summarize(self.report)
+        summary = setting_rows(self.report)
         out = []
         for kind, per_family in self.chosen.items():
             for fam, label in per_family.items():

@@ -183,13 +183,15 @@ class SampledHeadTree(HeadDraft):
     def propose_tree_sampled(self, ids: list[int], n_nodes: int, params, generator: torch.Generator,
                              vocab_size: int) -> tuple[Tree, dict[int, torch.Tensor]]:
         """A tree of at most ``n_nodes`` sampled drafts and ``{node: q (vocab,)}`` for every node with children."""
+        if self.state is None:
+            self.reset(self.eos_token_id)
+        return self._counting(self.state, lambda: self._grow_sampled(ids, n_nodes, params, generator, vocab_size))
+
+    def _grow_sampled(self, ids, n_nodes, params, generator, vocab_size):
         from .sampling import warp
         from .tree_sampling import draw_candidates
 
-        if self.state is None:
-            self.reset(self.eos_token_id)
         state, vocab_ids, eos = self.state, self.head.vocab_ids, self.eos_token_id
-        before = state.forwards
         root = state.catch_up(ids)
         tokens: list[int] = []
         parents: list[int] = []
@@ -228,7 +230,6 @@ class SampledHeadTree(HeadDraft):
                 break
             feed_level(state, frontier, lambda c: parents[c - 1], 0, lambda c: tokens[c - 1], depth_of.__getitem__,
                        feat, slot)
-        self.forwards += state.forwards - before
         return Tree(tokens, parents), qs
 
 

@@ -112,3 +112,21 @@ def test_needed_acceptance_is_the_break_even_point():
     a1, k1 = needed_acceptance(1.3, 0.07, verify, 1, a_rest=0.0)
     assert k1 == 1 and abs((1 + a1) / (0.07 + verify[2]) - 1.3) < 1e-6
     assert needed_acceptance(50.0, 0.07, verify, 8) == (None, None)
+
+
+def test_loop_c_charges_a_rounds_draft_time_to_k_positions():
+    # 10 rounds at k = 4, 0.8 s of draft time, T(1) = 0.05 s: 0.02 s per position = 0.4 T(1)
+    assert cm.loop_c(0.8, 10, 4, 0.05) == pytest.approx(0.4)
+    # so that k c is the round's draft cost in target forwards, as round_cost counts it
+    assert cm.round_cost(cm.loop_c(0.8, 10, 4, 0.05), 4) == pytest.approx(0.8 / 10 / 0.05 + 1)
+    assert np.isnan(cm.loop_c(0.0, 0, 4, 0.05))  # no rounds: no measurement
+    for bad in ((0.8, 10, 0, 0.05), (0.8, 10, 4, 0.0), (-1.0, 10, 4, 0.05)):
+        with pytest.raises(ValueError, match="loop_c needs"):
+            cm.loop_c(*bad)
+
+
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.9, 1.0])
+@pytest.mark.parametrize("k", [1, 2, 6])
+def test_accepted_per_drafted_matches_the_closed_form(a, k):
+    closed = a if a in (0.0, 1.0) or k == 1 else a * (1 - a ** k) / (k * (1 - a))
+    assert cm.accepted_per_drafted(a, k) == pytest.approx(closed)

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from specnb import head_io
 from specnb import train_head as th
 from specnb.decode import greedy, sample, speculative_greedy, speculative_sample
 from specnb.drafts import HeadDraft, HeuristicK, HybridDraft, PromptLookupDraft
@@ -239,7 +240,7 @@ def test_vocabulary_that_does_not_fit_the_target(target):
 
 def test_no_head_anywhere_names_make_draft(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECNB_CACHE", str(tmp_path))
-    monkeypatch.setattr(th, "packaged_dir", lambda: tmp_path / "nowhere")
+    monkeypatch.setattr(head_io, "packaged_dir", lambda: tmp_path / "nowhere")
     with pytest.raises(th.HeadUnavailableError, match="make draft"):
         th.find_head()
 
@@ -357,3 +358,13 @@ def test_soft_labels_are_the_targets_softmax_over_the_draft_vocabulary(target, t
     # the hard loss on the same exact prediction is -log of the target's top probability (its argmax is the label)
     hard = th.loss_terms(head, exact, feats, labels, valid, label_index, soft=False)[0]
     assert torch.allclose(hard, -q.max(-1).values.log().mean(), atol=1e-5) and hard <= ce
+
+
+def test_loading_a_head_does_not_import_the_trainer():
+    # inference (drafts.draft_from_name, the tree bench) reads a head through head_io alone
+    import subprocess
+    import sys
+
+    code = ("import sys, specnb.head_io, specnb.drafts, specnb.tree_drafts; "
+            "assert 'specnb.train_head' not in sys.modules, 'loading a head imported the trainer'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -41,6 +41,8 @@ def test_tiny_sweep_is_exact_and_consistent(tiny_sweep, tmp_path):
         assert sum(r["accepts"]) == r["accepted"] and sum(r["drafted_hist"]) == r["rounds"]
         assert r["tokens"] == r["accepted"] + r["rounds"]  # each round: accepted drafts + the target's token
         assert r["speedup"] > 0 and r["c"] >= 0
+        # c is the one in-loop measurement (costmodel.loop_c): draft seconds per round / k / paired T(1)
+        assert r["c"] == pytest.approx(r["t_draft"] / r["rounds"] / r["k"] / r["greedy_per_token"])
     assert set(verify_costs(tiny_sweep)) == {1, 2, 3, 4} and verify_costs(tiny_sweep)[1] == 1
     rows = summarize(tiny_sweep)
     assert {(r.draft, r.k, r.kind) for r in rows} == {(d, k, kind) for d in ("lookup", "exit2") for k in (1, 3)

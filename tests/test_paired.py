@@ -1,0 +1,43 @@
+"""Chapter 7's paired runs: one record per run, grouped rows, settings chosen on calibration prompts."""
+import pytest
+
+from specnb import costmodel as cm
+from specnb.paired import Setting, best_settings, paired_runs, position_acceptance, setting_rows
+
+
+def _rec(kind, setting, k, speedup, rounds, t_draft, g, attempts, accepts, identical=True):
+    return {"kind": kind, "setting": setting, "k": k, "speedup": speedup, "rounds": rounds, "t_draft": t_draft,
+            "greedy_per_token": g, "attempts": attempts, "accepts": accepts, "accepted": sum(accepts),
+            "drafted": rounds * k, "tokens": rounds + sum(accepts), "identical": identical}
+
+
+def test_setting_rows_pool_counts_and_use_the_one_in_loop_c():
+    recs = [_rec("prose", "head, k=2", 2, 1.1, 10, 0.2, 0.04, [10, 6], [6, 3]),
+            _rec("prose", "head, k=2", 2, 1.3, 20, 0.5, 0.06, [20, 12], [12, 6]),
+            _rec("prose", "lookup, k=4", 4, 0.9, 5, 0.01, 0.05, [2, 1, 0, 0], [1, 0, 0, 0], identical=False)]
+    rows = setting_rows(recs)
+    head = rows[("prose", "head, k=2")]
+    assert head["runs"] == 2 and head["identical"] == 2
+    assert head["a"] == pytest.approx((6 + 3 + 12 + 6) / (10 + 6 + 20 + 12))  # accepted / verified
+    assert head["c"] == pytest.approx(cm.loop_c(0.7, 30, 2, 0.05))  # pooled draft time, mean paired T(1)
+    assert head["speedup"] == pytest.approx(1.2) and head["q1"] <= head["speedup"] <= head["q3"]
+    assert rows[("prose", "lookup, k=4")]["identical"] == 0
+    assert best_settings(recs) == {"prose": "head, k=2"}
+    assert position_acceptance(recs[:2]) == pytest.approx([18 / 30, 9 / 18])
+
+
+@pytest.mark.real
+def test_paired_runs_are_exact_and_recorded(real):
+    from specnb.drafts import PromptLookupDraft
+    from specnb.prompts import by_kind
+
+    prompts = by_kind("grounded")[:2]
+    drafts = {"lookup": PromptLookupDraft()}
+    settings = [Setting("lookup", 2), Setting("lookup", 4, schedule=True)]
+    runs = paired_runs(real.model, real.tokenizer, prompts, drafts, settings, 8, repeats=1, progress=False)
+    assert len(runs) == len(prompts) * len(settings)
+    assert all(r["identical"] for r in runs), "every paired run must equal plain greedy"
+    assert {r["setting"] for r in runs} == {"lookup, k=2", "lookup, k=4 (+2/-1)"}
+    rows = setting_rows(runs)
+    assert sum(r["runs"] for r in rows.values()) == len(runs)
+    assert all(0 <= r["c"] < 0.05 for r in rows.values()), "prompt lookup runs no model"
