@@ -274,6 +274,8 @@ class SideBySide:
     def c(self) -> float:
         """:func:`specnb.costmodel.loop_c` of specnb's loop: its draft seconds per round / k, against
         the median plain greedy seconds per token."""
+        if not self.greedy_per_token:
+            return float("nan")
         return loop_c(self.draft_seconds, self.counts["specnb"]["rounds"], self.k, statistics.median(self.greedy_per_token))
 
 

@@ -150,3 +150,13 @@ def test_a_counts_verified_drafts_and_acceptance_rate_counts_drafted_ones():
     res = DecodeResult(tokens=[0] * 8, prompt_len=1, wall_time=1.0, target_forwards=4, rounds=rounds)
     assert res.acceptance_rate == 5 / 10      # accepted / drafted
     assert res.a == 5 / 7                     # accepted / verified: 2 + 4 + 1 drafts were looked at
+
+
+def test_cut_drafts_keeps_room_for_the_targets_token_and_stops_at_eos():
+    from specnb.decode import cut_drafts
+
+    assert cut_drafts([5, 6, 7, 8], budget=10, eos_token_id=None) == [5, 6, 7, 8]
+    assert cut_drafts([5, 6, 7, 8], budget=3, eos_token_id=None) == [5, 6]  # 2 drafts + the target's token
+    assert cut_drafts([5, 6, 7, 8], budget=1, eos_token_id=None) == []
+    assert cut_drafts([5, 2, 7, 8], budget=10, eos_token_id=2) == [5, 2]  # nothing after EOS
+    assert cut_drafts([5, 6, 7, 2], budget=3, eos_token_id=2) == [5, 6]
