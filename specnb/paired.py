@@ -102,6 +102,8 @@ def setting_rows(records: list[dict], by: tuple[str, ...] = ("kind", "setting"))
         drafted = sum(r["drafted"] for r in rs)
         t_draft = sum(r["t_draft"] for r in rs)
         g = np.mean([r["greedy_per_token"] for r in rs])
+        if len({r["k"] for r in rs}) > 1:
+            raise ValueError(f"group {key} mixes k = {sorted({r['k'] for r in rs})}: c is per k; group by setting")
         out[key] = {"runs": len(rs), "speedup": float(np.median(s)), "q1": float(np.quantile(s, 0.25)),
                     "q3": float(np.quantile(s, 0.75)), "a": accepts / attempts if attempts else float("nan"),
                     "accepted_per_drafted": sum(r["accepted"] for r in rs) / drafted if drafted else float("nan"),

@@ -24,6 +24,8 @@ def test_setting_rows_pool_counts_and_use_the_one_in_loop_c():
     assert rows[("prose", "lookup, k=4")]["identical"] == 0
     assert best_settings(recs) == {"prose": "head, k=2"}
     assert position_acceptance(recs[:2]) == pytest.approx([18 / 30, 9 / 18])
+    with pytest.raises(ValueError, match="mixes k"):
+        setting_rows(recs, by=("kind",))  # two settings with different k in one group
 
 
 @pytest.mark.real
