@@ -43,3 +43,23 @@ def test_paired_runs_are_exact_and_recorded(real):
     rows = setting_rows(runs)
     assert sum(r["runs"] for r in rows.values()) == len(runs)
     assert all(0 <= r["c"] < 0.05 for r in rows.values()), "prompt lookup runs no model"
+
+
+@pytest.mark.real
+def test_tree_bench_chooses_per_family_on_calibration_and_reports_on_other_prompts(real):
+    from specnb.head_io import load_head
+    from specnb.tree_bench import FAMILIES, default_settings, family, tree_vs_chain
+
+    head, _ = load_head(real.model)
+    bench = tree_vs_chain(real.model, real.tokenizer, head, ("prose",), n_cal=1, n_report=1, max_new_tokens=8,
+                          repeats=1, settings=default_settings(quick=True), progress=False)
+    assert set(bench.chosen["prose"]) == set(FAMILIES)
+    assert all(family(label) == fam for fam, label in bench.chosen["prose"].items())
+    assert len(bench.calibration) == 4 and len(bench.report) == 3  # every setting once; the 3 chosen once
+    assert {r["setting"] for r in bench.report} == set(bench.chosen["prose"].values())
+    assert all(r["identical"] for r in bench.calibration + bench.report), "tree and chain runs equal plain greedy"
+    rows = bench.rows()
+    assert [r["family"] for r in rows] == list(FAMILIES) and bench.table().count("\n") == 1 + len(rows)
+    r = bench.ratios()["prose"]
+    by = {x["family"]: x for x in rows}
+    assert r["tau_ratio_dynamic"] == pytest.approx(by["dynamic tree"]["tokens_per_round"] / by["chain"]["tokens_per_round"])
