@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from .cache import forward, new_cache
-from .costmodel import loop_c, refined_speedup
+from .costmodel import draft_cost_per_round, refined_speedup
 from .decode import cut_drafts, greedy
 from .drafts import Draft, ModelDraft
 from .sweep import pooled_positions
@@ -153,7 +153,7 @@ class Calibration:
 
         The draft cost per round is ``c * m`` averaged over rounds when ``c`` is
         given (a model draft: one forward per drafted token), else the measured
-        draft seconds per round / ``t1`` (k times :func:`specnb.costmodel.loop_c`).
+        draft seconds per round / ``t1`` (:func:`specnb.costmodel.draft_cost_per_round`).
         """
         stats = {}
         for k, rs in sorted(rounds.items()):
@@ -161,7 +161,7 @@ class Calibration:
             n = np.array([r[1] for r in rs])
             attempts = np.array([np.sum((n >= i) & (m > i)) for i in range(k)])
             accepts = np.array([np.sum(n > i) for i in range(k)])
-            cost = float(c * m.mean()) if c is not None else k * loop_c(sum(r[2] for r in rs), len(rs), k, t1)
+            cost = float(c * m.mean()) if c is not None else draft_cost_per_round(sum(r[2] for r in rs), len(rs), t1)
             stats[k] = KStats(k, len(rs), (accepts / len(rs)).tolist(),
                               [float(a / t) if t else float("nan") for a, t in zip(accepts, attempts)],
                               np.bincount(m, minlength=k + 1).tolist(), cost)
@@ -180,7 +180,7 @@ class Calibration:
             stats[k] = KStats(k, rounds, (accepts / rounds).tolist(),
                               [float(a / t) if t else float("nan") for a, t in zip(accepts, attempts)],
                               np.sum([r["drafted_hist"] for r in rs], axis=0).tolist(),
-                              k * loop_c(sum(r["t_draft"] for r in rs), rounds, k, t1))
+                              draft_cost_per_round(sum(r["t_draft"] for r in rs), rounds, t1))
         return cls(draft, stats, None, len({(r.get("kind"), r.get("prompt")) for r in records}),
                    sum(r["tokens"] for r in records), note)
 

@@ -317,6 +317,7 @@ def _head_study(args) -> int:
     if not (args.ablation or args.learning_curve or args.compare_layers):
         return 0
     cfg = th.TrainConfig.quick() if args.quick else th.TrainConfig()
+    folder = Path(args.into) if args.into else th.head_dir()  # the card that records the results
     if args.compare_layers:
         from dataclasses import replace
 
@@ -333,12 +334,11 @@ def _head_study(args) -> int:
         result = {"recipe": th.asdict(cfg), "machine": machine_line(target.model), "rows": rows}
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-        print(f"-> {head_study.write_into_card(Path(args.into) if args.into else th.head_dir(), 'fused_layers', result)}")
+        print(f"-> {head_study.write_into_card(folder, 'fused_layers', result)}")
         if not (args.ablation or args.learning_curve):
             return 0
     data, _ = build_data(target.model, target.tokenizer, cfg,
                          th.head_dir() / "data" / th.target_fingerprint(target.model))
-    folder = Path(args.into) if args.into else th.head_dir()
     if args.ablation:
         study = head_study.ablation(target.model, data, cfg, args.fraction, args.levers)
         print(f"ablation on {args.fraction:g} of the training data ({study['rows'][0]['training_tokens']} tokens):")

@@ -39,6 +39,18 @@ def expected_tokens(a, k):
     return np.where(a == 1, k + 1, e)[()]
 
 
+def draft_cost_per_round(draft_seconds: float, rounds: int, t1: float) -> float:
+    """A round's draft time in target forwards: the draft's seconds per round / T(1), T(1) being the
+    seconds per token of plain greedy decoding paired with the loop. This is the ``k c`` of
+    :func:`round_cost` (:func:`loop_c` divides it by k). ``nan`` for a run with no rounds."""
+    if rounds <= 0:
+        return float("nan")
+    if t1 <= 0 or draft_seconds < 0:
+        raise ValueError(f"loop_c needs k >= 1, T(1) > 0 and draft seconds >= 0 (draft_cost_per_round the "
+                         f"last two), got t1={t1}, draft_seconds={draft_seconds}")
+    return draft_seconds / rounds / t1
+
+
 def loop_c(draft_seconds: float, rounds: int, k: int, t1: float) -> float:
     """c measured inside a decoding loop: the draft's seconds per round / k, in units of T(1).
 
@@ -48,15 +60,13 @@ def loop_c(draft_seconds: float, rounds: int, k: int, t1: float) -> float:
     the seconds per token of plain greedy decoding paired with it. A draft that runs one forward
     per drafted token and drafts k every round gives exactly that ratio; one that drafts fewer
     (prompt lookup, a confidence threshold) is charged its whole round's draft time over k
-    positions, so that a round's draft cost is k c target forwards, as :func:`round_cost` counts
-    it. For a tree, k is the most nodes a round drafts. ``nan`` for a run with no rounds.
+    positions, so that a round's draft cost (:func:`draft_cost_per_round`) is k c target forwards,
+    as :func:`round_cost` counts it. For a tree, k is the most nodes a round drafts. ``nan`` for a
+    run with no rounds.
     """
-    if rounds <= 0:
-        return float("nan")
-    if k < 1 or t1 <= 0 or draft_seconds < 0:
-        raise ValueError(f"loop_c needs k >= 1, T(1) > 0 and draft seconds >= 0, got k={k}, t1={t1}, "
-                         f"draft_seconds={draft_seconds}")
-    return draft_seconds / rounds / k / t1
+    if k < 1:
+        raise ValueError(f"loop_c needs k >= 1, T(1) > 0 and draft seconds >= 0, got k={k}")
+    return draft_cost_per_round(draft_seconds, rounds, t1) / k
 
 
 def accepted_per_drafted(a, k):
