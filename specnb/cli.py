@@ -230,7 +230,8 @@ def _profile_verify(args) -> int:
 
     from .env import machine_line
     from .models import load_offline_target
-    from .profile_verify import breakdown_table, gemm_table, gemm_text, op_table, verify_breakdown
+    from .profile_verify import (breakdown_table, gemm_table, gemm_text, op_table, products_share_of_growth,
+                                 verify_breakdown)
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -238,8 +239,13 @@ def _profile_verify(args) -> int:
     print(f"{target.label}; {machine_line()}; torch threads {torch.get_num_threads()}")
     b = verify_breakdown(target.model, args.n, repeats=args.repeats)
     print(f"median ms per forward after 64 cached tokens ({args.repeats} interleaved repeats), "
-          "under each kernel backend (specnb.kernels); max |dlogit| = largest difference between the two")
+          "under each kernel backend (specnb.kernels); rest = the forward with every linear layer stubbed "
+          "(all but the products); max |dlogit| = largest difference between the two")
     print(breakdown_table(b))
+    n0, n1 = b["ns"][0], b["ns"][-1]
+    for be in b["backends"]:
+        print(f"{be}: the products are {products_share_of_growth(b, be, n1):.0%} of the forward's growth "
+              f"from n = {n0} to n = {n1}")
     print("\none x @ W.T per weight shape, x of n rows (median ms; xN = time at n over time at n = 1):")
     print(gemm_text(gemm_table(target.model, args.n)))
     for n in (args.n[0], args.n[-1]):

@@ -51,11 +51,24 @@ forward of the target on the Xeon (T(5) 47.1 -> 45.0 ms under oneDNN, T(1) uncha
 backend uses it (``attention="grouped"``); ``make(..., attention="repeat")`` keeps transformers'
 call, as ``bench`` does for "generate as transformers leaves the model".
 
-Also measured and not kept (Xeon, oneDNN, interleaved): one fused product for q/k/v and one for
-gate/up (210 -> 120 linear calls per forward) saved 0.7-1.7 ms per forward at n = 1..9, logits
-identical, but needs the attention and MLP modules patched; and the forward's time outside the
-linear layers (Python, norms, rotary, attention) is about 14 ms at n = 1 and grows by about 5 ms
-to n = 5 (torch profiler), so at T(1) = 34 ms no GEMM library alone brings T(5)/T(1) under 1.3 here.
+Also measured and not kept (Xeon, interleaved): one fused product for q/k/v and one for gate/up
+(210 -> 120 linear calls per forward) saved 0.7-1.7 ms per forward at n = 1..9 on oneDNN, logits
+identical, but needs the attention and MLP modules patched; a per-shape choice among MKL, MKL on a
+weight stored transposed (``x @ W_t``, which MKL runs faster for the 576 x 576 and 192 x 576
+products at 4-9 rows) and oneDNN, by shape and n: T(4), T(5), T(9) 43.3, 44.2, 52.2 -> 42.6, 43.4,
+51.2 ms against mixed, T(1) unchanged, for a second copy of most weights; and a KV cache written
+in place into a preallocated buffer instead of transformers' ``torch.cat`` per forward: logits
+bit-identical, 0.3-1.3 ms less per forward after 64 cached tokens, 1.9-3.2 ms after 768.
+
+What the rest of a forward costs (``profile_verify.linear_layers_stubbed``: the same forward with
+every linear layer returning zeros, so only the products are missing; ``specnb profile-verify``
+prints it): 6.9 ms at n = 1, 7.9-8.2 ms at n = 5 and 9.1-9.3 ms at n = 9 on the Xeon, against
+whole forwards of 33.9 / 46.5 / 56.2 ms (MKL at n = 1, oneDNN above). So the products are 84-92%
+of T(n)'s growth from n = 1 to 9, and T(5)/T(1) under 1.3 needs the products at 5 rows within
+about 1.34x of MKL's at one row (27 ms): MKL's own take 1.61x that, oneDNN's 1.43x (only 1.08x
+oneDNN's own one-row time, but that is 1.32x MKL's).
+An earlier reading of torch.profiler's self times (14 ms outside the products at n = 1, 5 ms
+more at n = 5) overstated both: the profiler adds its own cost to every small operator.
 
 Not covered: quantized int8 kernels, GPUs (nothing here runs on CUDA tensors; they keep
 torch's defaults), and autograd through packed weights (a layer whose weight needs a gradient

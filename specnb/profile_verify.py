@@ -7,7 +7,9 @@ interleaved so a noisy machine's drift hits all alike:
 
 * :func:`verify_breakdown`: for each backend (MKL, oneDNN) and each n, the whole forward, the
   **body** (embedding, decoder layers, final norm; ``hidden: (n, H)``) and the **LM head**
-  (``logits: (n, V) = hidden @ W.T``); and how far the two backends' logits differ;
+  (``logits: (n, V) = hidden @ W.T``), and the **rest**: the same forward with every linear layer
+  stubbed out (:func:`linear_layers_stubbed`), i.e. everything but the matrix products (Python,
+  norms, rotary, attention, the cache); and how far the two backends' logits differ;
 * :func:`gemm_table`: one ``x @ W.T`` for every distinct weight shape of the model, x of n rows,
   under each backend: the per-shape timing that explains the whole-model curves;
 * :func:`op_table`: torch.profiler's self CPU time per operator for one n.
@@ -18,6 +20,7 @@ Timings are wall clock and noisy: compare the ratios of one run.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -27,6 +30,33 @@ from .cache import _decoder_and_head, cache_keyword, forward, prefilled, rollbac
 from .kernels import KernelLinear, kernels_of, make, use_kernels
 
 BACKENDS = ("mkl", "onednn")
+
+
+@contextmanager
+def linear_layers_stubbed(model: torch.nn.Module):
+    """Inside the block every ``nn.Linear`` of ``model`` returns zeros of its output shape, no product.
+
+    ``x: (..., in) -> zeros (..., out)``. A forward then runs every other operator on the same shapes
+    (norms, rotary, attention, the cache), and no CPU operator's time depends on the values, so its
+    time is the forward's time outside the linear layers. Yields the number of layers stubbed; each
+    layer's own ``forward`` is restored on exit (also on error).
+    """
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    saved = [m.__dict__.get("forward") for m in layers]
+
+    def stub(out_features: int):
+        return lambda x: x.new_zeros(*x.shape[:-1], out_features)
+
+    for m in layers:
+        m.forward = stub(m.out_features)
+    try:
+        yield len(layers)
+    finally:
+        for m, own in zip(layers, saved):
+            if own is None:
+                del m.forward
+            else:
+                m.forward = own
 
 
 def _body(model, token_ids: list[int], cache) -> torch.Tensor:
@@ -41,8 +71,10 @@ def verify_breakdown(model: torch.nn.Module, ns=(1, 2, 3, 5, 9), backends=BACKEN
     """Median seconds per forward of n new tokens after ``context_len`` cached ones, by backend and part.
 
     Parts: ``full`` (the model's forward, logits at every position, as T(n) measures), ``body``
-    (decoder stack, ``hidden: (n, H)``) and ``head`` (the LM head over the n rows). Backends and n
-    are interleaved within each repeat; the model's own kernels are restored at the end.
+    (decoder stack, ``hidden: (n, H)``), ``head`` (the LM head over the n rows) and ``rest`` (the
+    full forward with every linear layer stubbed: all but the products; the same under any
+    backend). Backends and n are interleaved within each repeat; the model's own kernels are
+    restored at the end.
     ``max_diff[n]``: the largest |logit difference| between the first two backends' full forwards.
 
     Returns ``{"ns", "backends", "median": {backend: {part: {n: s}}}, "max_diff": {n: float}}``.
@@ -52,7 +84,7 @@ def verify_breakdown(model: torch.nn.Module, ns=(1, 2, 3, 5, 9), backends=BACKEN
     chosen = {b: make(b) for b in backends}
     cache, new = prefilled(model, context_len, max(ns), seed)
     _, lm_head = _decoder_and_head(model)
-    parts = ("full", "body", "head")
+    parts = ("full", "body", "head", "rest")
     times = {b: {p: {n: [] for n in ns} for p in parts} for b in backends}
     max_diff = {n: 0.0 for n in ns}
     try:
@@ -72,8 +104,13 @@ def verify_breakdown(model: torch.nn.Module, ns=(1, 2, 3, 5, 9), backends=BACKEN
                     t4 = time.perf_counter()
                     lm_head(hidden)
                     t5 = time.perf_counter()
+                    with linear_layers_stubbed(model):
+                        t6 = time.perf_counter()
+                        forward(model, new[:n], cache)
+                        t7 = time.perf_counter()
+                    rollback(cache, n)
                     if r >= warmup:
-                        for p, dt in zip(parts, (t1 - t0, t3 - t2, t5 - t4)):
+                        for p, dt in zip(parts, (t1 - t0, t3 - t2, t5 - t4, t7 - t6)):
                             times[b][p][n].append(dt)
                 if len(logits) > 1:
                     a, b = list(logits.values())[:2]
@@ -154,15 +191,25 @@ def op_table(model: torch.nn.Module, n: int, context_len: int = 64, repeats: int
     return [(e.key, e.self_cpu_time_total / 1e3 / repeats, e.self_cpu_time_total / total) for e in events[:top]]
 
 
+def products_share_of_growth(b: dict, backend: str, n: int) -> float:
+    """Of the whole forward's growth from the first n measured to ``n``, the share that is the linear
+    layers' products (the growth of ``full - rest``) under ``backend``: 1 = all of it."""
+    m, n0 = b["median"][backend], b["ns"][0]
+    growth = m["full"][n] - m["full"][n0]
+    products = (m["full"][n] - m["rest"][n]) - (m["full"][n0] - m["rest"][n0])
+    return float(products / growth) if growth > 0 else float("nan")
+
+
 def breakdown_table(b: dict) -> str:
-    """The breakdown as text: ms per part for each backend, and the whole forward's T(n)/T(1)."""
+    """The breakdown as text: ms per part for each backend (``rest``: the forward without its products),
+    and the whole forward's T(n)/T(1)."""
     ns, med = b["ns"], b["median"]
-    lines = [f"{'n':>3} {'backend':>7} {'forward':>8} {'body':>8} {'LM head':>8}   {'T(n)/T(1)':>9} "
+    lines = [f"{'n':>3} {'backend':>7} {'forward':>8} {'body':>8} {'LM head':>8} {'rest':>8}   {'T(n)/T(1)':>9} "
              f"{'head share':>10} {'max |dlogit|':>12}"]
     for n in ns:
         for be in b["backends"]:
             m = med[be]
-            lines.append(f"{n:>3} {be:>7} " + " ".join(f"{m[p][n] * 1e3:8.2f}" for p in ("full", "body", "head"))
+            lines.append(f"{n:>3} {be:>7} " + " ".join(f"{m[p][n] * 1e3:8.2f}" for p in ("full", "body", "head", "rest"))
                          + f"   {m['full'][n] / m['full'][ns[0]]:9.2f} {m['head'][n] / m['full'][n]:10.2f} "
                          f"{b['max_diff'][n]:12.1e}")
     return "\n".join(lines)

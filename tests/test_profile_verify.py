@@ -31,7 +31,7 @@ def test_verify_breakdown_gemm_table_and_op_table_run(target):
     use_kernels(model, make("mixed", 3))
     b = verify_breakdown(model, ns=(1, 3), context_len=8, repeats=2, warmup=1, progress=False)
     assert set(b["median"]) == {"mkl", "onednn"}
-    assert all(set(m) == {"full", "body", "head"} for m in b["median"].values())
+    assert all(set(m) == {"full", "body", "head", "rest"} for m in b["median"].values())
     assert all(t > 0 for m in b["median"].values() for part in m.values() for t in part.values())
     assert b["max_diff"][3] < 1e-3  # two libraries: close (at this tiny size even identical)
     assert any(m._packed is not None for m in model.modules() if hasattr(m, "_packed"))  # oneDNN really ran
@@ -60,3 +60,32 @@ def test_chapter_1_kernel_figures_draw(target):
     for fig in (plots.verify_breakdown(b, "tiny"),
                 plots.kernel_curves(curves, {"label": "mkl", "ms": {1: 30.0, 2: 31.5}}, rows, "tiny")):
         assert fig is not None and fig.axes
+
+
+def test_stubbed_linear_layers_run_no_product_and_are_restored(target, prompts):
+    """The breakdown's ``rest``: inside the block no linear layer multiplies (logits are all zero and
+    no layer's own forward runs); after it the model gives its own logits again."""
+    import copy
+
+    from specnb.profile_verify import linear_layers_stubbed, products_share_of_growth
+
+    model = copy.deepcopy(target)
+    ids = list(prompts[0])
+    before = forward(model, ids, new_cache(model))
+    calls = []
+    hooks = [m.register_forward_hook(lambda mod, i, o: calls.append(mod)) for m in model.modules()
+             if isinstance(m, torch.nn.Linear)]
+    with linear_layers_stubbed(model) as stubbed:
+        stubbed_logits = forward(model, ids, new_cache(model))
+    assert stubbed == 2 * 7 + 1  # 2 layers x (q, k, v, o, gate, up, down) + the LM head
+    assert stubbed_logits.shape == before.shape and not stubbed_logits.any()
+    assert len(calls) == stubbed * 1  # the hooks fire (the module is called) ...
+    for h in hooks:
+        h.remove()
+    after = forward(model, ids, new_cache(model))
+    assert torch.equal(before, after) and before.any()  # ... and the real products are back
+    with pytest.raises(RuntimeError, match="boom"), linear_layers_stubbed(model):
+        raise RuntimeError("boom")
+    assert torch.equal(forward(model, ids, new_cache(model)), before)  # restored on error too
+    b = {"ns": [1, 5], "median": {"x": {"full": {1: 30.0, 5: 40.0}, "rest": {1: 7.0, 5: 8.0}}}}
+    assert products_share_of_growth(b, "x", 5) == pytest.approx(0.9)
