@@ -75,6 +75,19 @@ def accepted_per_drafted(a, k):
     return (expected_tokens(a, k) - 1) / np.asarray(k, dtype=float)
 
 
+def accepted_per_drafted_given(a: float, drafted_hist) -> float:
+    """Accepted / drafted under independent acceptance ``a`` when the rounds drafted different numbers
+    of tokens: ``drafted_hist[m]`` rounds drafted m (prompt lookup often drafts fewer than k).
+    Each round of m drafts accepts E(a, m) - 1 on average, so the ratio is
+    sum_m h_m (E(a, m) - 1) / sum_m h_m m; with every round at k it is :func:`accepted_per_drafted`."""
+    h = np.asarray(drafted_hist, dtype=float)
+    m = np.arange(len(h))
+    drafted = float((h * m).sum())
+    if drafted == 0:
+        return float("nan")
+    return float((h * (expected_tokens(a, m) - 1)).sum() / drafted)
+
+
 def round_cost(c, k, verify=1.0):
     """C = k*c + verify: a round's cost in target forwards (``verify`` = T(k+1)/T(1); 1 in the simple model)."""
     c = np.asarray(c, dtype=float)

@@ -4,8 +4,8 @@ Both work on one sequence (batch 1) of token ids and return a
 :class:`DecodeResult`: the generated tokens, forward counts, wall time and,
 for speculative decoding, one :class:`RoundStats` per round.
 
-Names follow the paper (Leviathan et al. 2023): ``k`` drafted tokens per round,
-``n`` of them accepted (``n`` in their algorithm 1). ``DecodeResult.acceptance_rate`` is
+Names follow the book's notation page: ``k`` drafted tokens per round (the paper's gamma,
+Leviathan et al. 2023), ``n`` of them accepted (``n`` in their algorithm 1). ``DecodeResult.acceptance_rate`` is
 accepted / drafted, the figure most write-ups report; the book's ``a`` (accepted per *verified*
 draft, the notation page's) is ``DecodeResult.a``.
 The numbered steps in :func:`speculative_greedy` are the ones the book uses.

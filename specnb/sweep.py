@@ -253,6 +253,7 @@ class Row:
     speedup_q3: float
     repeat_spread: float  # median over prompts of (max - min) / median of the speedup across repeats
     predicted: dict = field(default_factory=dict)  # model name -> predicted speedup
+    drafted_hist: list = field(default_factory=list)  # drafted_hist[m]: rounds that drafted m tokens
 
 
 def _nanratio(num, den) -> list[float]:
@@ -287,6 +288,7 @@ def summarize(results: dict, pool_kinds: bool = True) -> list[Row]:
                   sum(r["greedy_per_token"] * r["tokens"] for r in runs) / sum(r["per_token"] * r["tokens"] for r in runs),
                   float(np.percentile(speedups, 25)), float(np.percentile(speedups, 75)),
                   float(np.median(spreads)) if spreads else float("nan"))
+        row.drafted_hist = hist.astype(int).tolist()
         row.predicted = {
             "simple": float(speedup(a, c, k)),
             "refined": refined_speedup(survival, c, k, verify_cost),

@@ -130,3 +130,26 @@ def test_loop_c_charges_a_rounds_draft_time_to_k_positions():
 def test_accepted_per_drafted_matches_the_closed_form(a, k):
     closed = a if a in (0.0, 1.0) or k == 1 else a * (1 - a ** k) / (k * (1 - a))
     assert cm.accepted_per_drafted(a, k) == pytest.approx(closed)
+
+
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.7, 1.0])
+def test_accepted_per_drafted_given_the_rounds_drafted_lengths(a):
+    """Every round at k: the closed form. Rounds of 1 and 2 drafts, equally many: (a + a(1 + a)) / 3,
+    which is above the k = 2 closed form (a short round has no unverified draft to count as a failure).
+    Checked also by simulating independent acceptance over a histogram."""
+    assert cm.accepted_per_drafted_given(a, [0, 0, 0, 0, 5]) == pytest.approx(cm.accepted_per_drafted(a, 4))
+    mixed = cm.accepted_per_drafted_given(a, [7, 3, 3])  # rounds with no draft count for nothing
+    assert mixed == pytest.approx((a + a * (1 + a)) / 3)
+    if 0 < a < 1:
+        assert mixed > cm.accepted_per_drafted(a, 2)
+    rng = np.random.default_rng(0)
+    hist = [2, 5, 1, 0, 4]
+    lengths = np.repeat(np.arange(len(hist)), hist)
+    accepted = drafted = 0
+    for _ in range(4000):
+        for m in lengths:
+            ok = rng.random(m) < a
+            accepted += int(np.argmin(ok)) if not ok.all() else m
+            drafted += m
+    assert cm.accepted_per_drafted_given(a, hist) == pytest.approx(accepted / drafted, abs=0.01)
+    assert np.isnan(cm.accepted_per_drafted_given(a, [3]))
