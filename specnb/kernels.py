@@ -7,6 +7,9 @@ re-reads and re-lays-out W for every call, and how its time grows with n depends
 * on an AMD EPYC (Zen 5) build machine, MKL 2024.2 took twice as long at n = 2 as at n = 1 for
   every weight shape of the target, and T(n)/T(1) of the whole model was 1.48, 1.89, 1.45 for
   n = 2, 3, 4;
+* on an AMD EPYC (Zen 3, AVX2 only) build machine, MKL took 1.5-1.9x as long at n = 2-9 as at
+  n = 1 (T(1) 60-70 ms), oneDNN 1.0-1.4x, and oneDNN was faster at every n (``specnb
+  profile-verify``: T(1) 54.1 against 63.7 ms);
 * on an Intel Xeon (Sapphire Rapids) build machine, MKL is fastest of all at n <= 3
   (the 576x576 product: 13 us at n = 1, 9 us at n = 2) but jumps at n = 4 (36 us), and the
   49152x576 LM head costs 3.1 ms at n = 1, 6.6 ms at n = 4 and 12.0 ms at n = 9.
@@ -51,9 +54,15 @@ forward of the target on the Xeon (T(5) 47.1 -> 45.0 ms under oneDNN, T(1) uncha
 backend uses it (``attention="grouped"``); ``make(..., attention="repeat")`` keeps transformers'
 call, as ``bench`` does for "generate as transformers leaves the model".
 
-Also measured and not kept (Xeon, interleaved): one fused product for q/k/v and one for gate/up
-(210 -> 120 linear calls per forward) saved 0.7-1.7 ms per forward at n = 1..9 on oneDNN, logits
-identical, but needs the attention and MLP modules patched; a per-shape choice among MKL, MKL on a
+Sibling products are fused on oneDNN (:class:`FusedGroup`): q/k/v as one product and gate/up as
+one (210 -> 120 linear calls per forward), without patching a module: the first sibling called
+computes all of them from one packed weight and hands each later sibling its columns for the same
+input tensor. oneDNN's per-call cost is what this saves: on an AMD EPYC (Zen 3, AVX2) build
+machine, 20 interleaved repeats after 64 cached tokens, T(1) 58.4 -> 53.9 ms, T(2) 58.2 -> 54.3,
+T(5) 69.1 -> 65.0, T(9) 78.9 -> 76.2 ms, logits bit-identical to the unfused products; on the Xeon
+an earlier probe saved 0.7-1.7 ms per forward. ``make(..., fused=False)`` keeps one call per layer.
+
+Also measured and not kept (Xeon, interleaved): a per-shape choice among MKL, MKL on a
 weight stored transposed (``x @ W_t``, which MKL runs faster for the 576 x 576 and 192 x 576
 products at 4-9 rows) and oneDNN, by shape and n: T(4), T(5), T(9) 43.3, 44.2, 52.2 -> 42.6, 43.4,
 51.2 ms against mixed, T(1) unchanged, for a second copy of most weights; and a KV cache written
@@ -103,6 +112,7 @@ class Kernels:
     how: str = ""  # how it was chosen: "SPECNB_KERNELS=mkl", "auto (measured ...)", "fallback: ..."
     curves: dict = field(default_factory=dict)  # auto's medians in ms: {"mkl": {n: ms}, "onednn": {n: ms}}
     attention: str = "grouped"  # "grouped": SDPA on the KV heads as stored; "repeat": transformers' default
+    fused: bool = True  # oneDNN runs q/k/v and gate/up as one product each (FusedGroup)
 
     @property
     def label(self) -> str:
@@ -111,7 +121,8 @@ class Kernels:
             gemm = f"mixed kernels (MKL below {self.onednn_from} rows, oneDNN from {self.onednn_from})"
         else:
             gemm = {"mkl": "MKL kernels (torch default)", "onednn": "oneDNN kernels (prepacked)"}[self.backend]
-        return gemm + (", grouped-KV attention" if self.attention == "grouped" else "")
+        fused = ", q/k/v and gate/up fused" if self.fused and self.backend != "mkl" else ""
+        return gemm + fused + (", grouped-KV attention" if self.attention == "grouped" else "")
 
 
 def onednn_available() -> bool:
@@ -119,7 +130,8 @@ def onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def make(backend: str, onednn_from: int | None = None, how: str = "", attention: str = "grouped") -> Kernels:
+def make(backend: str, onednn_from: int | None = None, how: str = "", attention: str = "grouped",
+         fused: bool = True) -> Kernels:
     """A :class:`Kernels` for ``backend`` in mkl/onednn/mixed (mixed needs ``onednn_from`` >= 2).
 
     Without oneDNN in this torch build, onednn and mixed fall back to mkl and ``how`` says so.
@@ -135,8 +147,8 @@ def make(backend: str, onednn_from: int | None = None, how: str = "", attention:
     if backend == "mixed":
         if onednn_from is None or onednn_from < 2:
             raise ValueError(f"mixed kernels need onednn_from >= 2 (got {onednn_from}); use onednn for 1")
-        return Kernels("mixed", int(onednn_from), how, attention=attention)
-    return Kernels(backend, 1 if backend == "onednn" else NEVER, how, attention=attention)
+        return Kernels("mixed", int(onednn_from), how, attention=attention, fused=fused)
+    return Kernels(backend, 1 if backend == "onednn" else NEVER, how, attention=attention, fused=fused)
 
 
 # --- attention: grouped KV heads without copies ------------------------------------------------
@@ -222,7 +234,72 @@ class KernelLinear(torch.nn.Linear):
         if (x.numel() < self.kernels.onednn_from * self.in_features or x.device.type != "cpu"
                 or (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))):
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self._pack(), self.bias, "none", [], "")
+        group = getattr(self, "_group", None)
+        if group is None or not self.kernels.fused:
+            return torch.ops.mkldnn._linear_pointwise(x, self._pack(), self.bias, "none", [], "")
+        return group.output(self, x)
+
+
+def _version(x: torch.Tensor) -> int:
+    return -2 if x.is_inference() else x._version  # inference tensors keep no version counter
+
+
+class FusedGroup:
+    """Sibling linear layers that read the same input (q/k/v; gate/up), run as one oneDNN product.
+
+    transformers calls ``q_proj(h)``, ``k_proj(h)``, ``v_proj(h)`` one after another on the same
+    tensor ``h`` (and ``gate_proj(x)``, ``up_proj(x)``). The first member called with a new input
+    computes ``x @ [W_1; W_2; ...]^T`` once, through one weight packed from all the members', keeps
+    it, and hands each later member its columns when that member is called with the same tensor
+    (identity and version checked); any other input is computed afresh. No module is patched, and
+    every member still works alone. ``x: (..., in_features) -> (..., out_features of the member)``
+    (a view into the fused output).
+    """
+
+    def __init__(self, members: list[KernelLinear]):
+        self.members = members
+        self.splits = [m.out_features for m in members]
+        self._packed, self._versions, self._bias = None, None, None
+        self._input, self._input_version, self._outputs, self._served = None, None, None, set()
+
+    def _pack(self) -> torch.Tensor:
+        versions = tuple(_version(m.weight.detach()) for m in self.members)
+        if self._packed is None or self._versions != versions or self._packed.dtype != self.members[0].weight.dtype:
+            with torch.inference_mode(False), torch.no_grad():
+                w = torch.cat([m.weight.detach() for m in self.members])
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+                self._bias = (None if self.members[0].bias is None
+                              else torch.cat([m.bias.detach() for m in self.members]))
+            self._versions = versions
+        return self._packed
+
+    def output(self, member: KernelLinear, x: torch.Tensor) -> torch.Tensor:
+        i = self.members.index(member)
+        if not (x is self._input and self._input_version == _version(x) and i not in self._served):
+            y = torch.ops.mkldnn._linear_pointwise(x, self._pack(), self._bias, "none", [], "")
+            self._input, self._input_version, self._served = x, _version(x), set()
+            self._outputs = y.split(self.splits, dim=-1)
+        self._served.add(i)
+        out = self._outputs[i]
+        if len(self._served) == len(self.members):  # every member served: let the tensors go
+            self._input, self._outputs = None, None
+        return out
+
+
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # Llama, Qwen, Mistral names
+
+
+def _link_groups(model: torch.nn.Module) -> None:
+    """Give each set of :data:`FUSED_SIBLINGS` (same input width, all with or all without bias) one group."""
+    for parent in model.modules():
+        for names in FUSED_SIBLINGS:
+            members = [getattr(parent, n, None) for n in names]
+            if not all(isinstance(m, KernelLinear) for m in members) or getattr(members[0], "_group", None):
+                continue
+            if len({m.in_features for m in members}) == 1 and len({m.bias is None for m in members}) == 1:
+                group = FusedGroup(members)
+                for m in members:
+                    m._group = group
 
 
 _LAST: Kernels | None = None  # the kernels most recently applied in this process (for machine_info)
@@ -287,6 +364,7 @@ def _install(model: torch.nn.Module, kernels: Kernels) -> None:
                 child.kernels = kernels
             elif type(child) is torch.nn.Linear:
                 setattr(parent, name, KernelLinear.wrap(child, kernels))
+    _link_groups(model)
     model._specnb_kernels = kernels
 
 
@@ -307,7 +385,8 @@ def machine_key(model: torch.nn.Module) -> str:
                                                          "num_hidden_layers", "vocab_size"))
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return (f"{_cpu_model()} | {os.cpu_count()} cores | {torch.get_num_threads()} threads | "
-            f"torch {torch.__version__} | {type(model).__name__} {shape} {dtype} | grouped-KV attention")
+            f"torch {torch.__version__} | {type(model).__name__} {shape} {dtype} | grouped-KV attention | "
+            "oneDNN q/k/v and gate/up fused")
 
 
 @torch.inference_mode()

@@ -13,7 +13,8 @@ from specnb.tiny import perturbed_copy, tiny_llama
 
 pytestmark = pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN")
 
-BACKENDS = {"mkl": lambda: make("mkl"), "onednn": lambda: make("onednn"), "mixed": lambda: make("mixed", 3)}
+BACKENDS = {"mkl": lambda: make("mkl"), "onednn": lambda: make("onednn"), "mixed": lambda: make("mixed", 3),
+            "onednn-unfused": lambda: make("onednn", fused=False)}
 
 
 @pytest.fixture(scope="module")
@@ -251,3 +252,89 @@ def test_greedy_is_identical_with_either_attention(pair):
 def test_unknown_attention_is_refused():
     with pytest.raises(ValueError, match="unknown attention 'flash'.*grouped, repeat"):
         make("mkl", attention="flash")
+
+
+# --- q/k/v and gate/up as one product each (kernels.FusedGroup) --------------------------------
+
+def _tiny_logits(kernels_, n: int = 5, seed: int = 0) -> torch.Tensor:
+    model = tiny_llama(seed=0, vocab_size=96)
+    use_kernels(model, kernels_)
+    ids = torch.randint(0, 96, (1, 12 + n), generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        return model(ids).logits[0], model
+
+
+def test_siblings_are_fused_and_give_the_dense_products():
+    fused, model = _tiny_logits(make("onednn"))
+    alone, _ = _tiny_logits(make("onednn", fused=False))
+    dense, _ = _tiny_logits(make("mkl"))
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert attn.q_proj._group is attn.k_proj._group is attn.v_proj._group is not None
+    assert mlp.gate_proj._group is mlp.up_proj._group is not None
+    assert getattr(attn.o_proj, "_group", None) is None and getattr(mlp.down_proj, "_group", None) is None
+    assert attn.q_proj._group._packed is not None and attn.q_proj._packed is None  # one packed weight for three
+    torch.testing.assert_close(fused, alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused, dense, rtol=1e-4, atol=1e-4)
+    assert "fused" in make("onednn").label and "fused" not in make("onednn", fused=False).label
+    assert "fused" not in make("mkl").label
+
+
+def _group_of_three():
+    lins = [torch.nn.Linear(16, d, bias=False) for d in (24, 8, 8)]
+    parent = torch.nn.Module()
+    for name, lin in zip(("q_proj", "k_proj", "v_proj"), lins):
+        setattr(parent, name, lin)
+    use_kernels(parent, make("onednn"))
+    return parent, lins
+
+
+def test_a_sibling_given_another_input_computes_its_own():
+    """The fused output is handed on only for the very tensor it was computed from: a sibling called
+    with a different input (or the same tensor changed in place) gets its own product, not the stash."""
+    parent, lins = _group_of_three()
+    x1, x2 = torch.randn(3, 16), torch.randn(3, 16)
+    with torch.no_grad():
+        parent.q_proj(x1)
+        torch.testing.assert_close(parent.k_proj(x2), x2 @ lins[1].weight.T, rtol=1e-5, atol=1e-5)
+        parent.q_proj(x1)
+        x1.mul_(3.0)
+        torch.testing.assert_close(parent.v_proj(x1), x1 @ lins[2].weight.T, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(parent.k_proj(x1), x1 @ lins[1].weight.T, rtol=1e-5, atol=1e-5)
+        # any order, and each member alone
+        torch.testing.assert_close(parent.v_proj(x2), x2 @ lins[2].weight.T, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(parent.q_proj(x2), x2 @ lins[0].weight.T, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(parent.q_proj(x2), x2 @ lins[0].weight.T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stash_served_without_its_checks_is_caught(monkeypatch):
+    """Negative control for the test above: a group that hands on its last output whatever the input
+    (the identity check removed) gives a sibling the wrong product, and the same comparison sees it."""
+    parent, lins = _group_of_three()
+    group = parent.q_proj._group
+    real = kernels.FusedGroup.output
+
+    def careless(self, member, x):
+        i = self.members.index(member)
+        if self._outputs is not None and i not in self._served:
+            self._served.add(i)
+            return self._outputs[i]
+        return real(self, member, x)
+
+    monkeypatch.setattr(kernels.FusedGroup, "output", careless)
+    x1, x2 = torch.randn(3, 16), torch.randn(3, 16)
+    with torch.no_grad():
+        parent.q_proj(x1)
+        wrong = parent.k_proj(x2)
+    assert group is parent.k_proj._group
+    assert not torch.allclose(wrong, x2 @ lins[1].weight.T, rtol=1e-3, atol=1e-3)
+
+
+def test_a_fused_weight_changed_in_place_is_repacked():
+    parent, lins = _group_of_three()
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        parent.q_proj(x)
+        lins[1].weight.mul_(2.0)  # the Parameter is shared with the wrapped layer
+        parent.q_proj(x)
+        torch.testing.assert_close(parent.k_proj(x), x @ lins[1].weight.T, rtol=1e-5, atol=1e-5)
+
