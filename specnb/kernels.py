@@ -130,6 +130,41 @@ def onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+_DTYPE_OK: dict = {}
+
+
+def onednn_supports(dtype: torch.dtype) -> bool:
+    """True when oneDNN's prepacked linear runs ``dtype`` on this CPU (probed once per dtype).
+
+    float32 runs everywhere oneDNN does; bfloat16 and float16 need AVX-512 (BW/VL/DQ) or
+    AVX-NE-CONVERT, which an AMD EPYC of the Zen 3 generation (AVX2 only) lacks."""
+    if dtype not in _DTYPE_OK:
+        try:
+            with torch.inference_mode(False), torch.no_grad():
+                w = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), None)
+                torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 8, dtype=dtype), w, None, "none", [], "")
+            _DTYPE_OK[dtype] = True
+        except RuntimeError:
+            _DTYPE_OK[dtype] = False
+    return _DTYPE_OK[dtype]
+
+
+def _dtype_of(model: torch.nn.Module) -> torch.dtype | None:
+    p = next(iter(model.parameters()), None)
+    return None if p is None else p.dtype
+
+
+def _for_dtype(kernels: Kernels, model: torch.nn.Module) -> Kernels:
+    """``kernels``, or MKL saying why when oneDNN cannot run this model's dtype on this CPU."""
+    dtype = _dtype_of(model)
+    if kernels.backend == "mkl" or dtype is None or not onednn_available() or onednn_supports(dtype):
+        return kernels
+    name = str(dtype).removeprefix("torch.")
+    return Kernels("mkl", NEVER, f"fallback: oneDNN has no {name} path on this CPU (it needs AVX-512 or "
+                                 f"AVX-NE-CONVERT), so this {name} model runs {kernels.backend} -> mkl",
+                   attention=kernels.attention, fused=kernels.fused)
+
+
 def make(backend: str, onednn_from: int | None = None, how: str = "", attention: str = "grouped",
          fused: bool = True) -> Kernels:
     """A :class:`Kernels` for ``backend`` in mkl/onednn/mixed (mixed needs ``onednn_from`` >= 2).
@@ -330,12 +365,16 @@ def use_kernels(model: torch.nn.Module, backend: str | Kernels | None = None) ->
         name = (backend or os.environ.get(ENV) or "auto").strip().lower()
         if name not in CHOICES:
             raise ValueError(f"{ENV}={name!r} is not a kernel backend; valid: {', '.join(CHOICES)}")
-        if name == "auto":
+        dtype = _dtype_of(model)
+        if name != "mkl" and dtype is not None and onednn_available() and not onednn_supports(dtype):
+            kernels = _for_dtype(make("onednn"), model)
+        elif name == "auto":
             kernels = choose_for(model)
         elif name == "mixed":
             kernels = choose_for(model, allowed=("mixed",))
         else:
             kernels = make(name, how=f"{ENV}={name}" if os.environ.get(ENV) else f"asked for {name}")
+    kernels = _for_dtype(kernels, model)
     _install(model, kernels)
     _LAST = kernels
     return kernels

@@ -338,3 +338,23 @@ def test_a_fused_weight_changed_in_place_is_repacked():
         parent.q_proj(x)
         torch.testing.assert_close(parent.k_proj(x), x @ lins[1].weight.T, rtol=1e-5, atol=1e-5)
 
+
+
+@pytest.mark.parametrize("asked", ["auto", "onednn", "mixed"])
+def test_a_dtype_onednn_cannot_run_here_falls_back_to_mkl_and_says_so(monkeypatch, asked):
+    """An AMD EPYC of the Zen 3 generation (AVX2 only) has no oneDNN bfloat16 path: the bfloat16
+    model must run MKL, with the reason in ``how``, instead of failing (or timing) on oneDNN."""
+    monkeypatch.setattr(kernels, "_DTYPE_OK", {torch.bfloat16: False, torch.float32: True})
+    model = tiny_llama(seed=0).to(torch.bfloat16)
+    monkeypatch.setenv(kernels.ENV, asked)
+    chosen = use_kernels(model)
+    assert chosen.backend == "mkl" and "no bfloat16 path" in chosen.how
+    assert use_kernels(model, make("onednn")).backend == "mkl"  # a Kernels object passed in, too
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2, 3]]))
+    fp32 = tiny_llama(seed=0)
+    assert use_kernels(fp32, make("onednn")).backend == "onednn"
+
+
+def test_onednn_supports_float32_here():
+    assert kernels.onednn_supports(torch.float32)
