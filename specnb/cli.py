@@ -237,7 +237,7 @@ def _profile_verify(args) -> int:
         torch.set_num_threads(args.threads)
     target = load_offline_target()
     print(f"{target.label}; {machine_line()}; torch threads {torch.get_num_threads()}")
-    b = verify_breakdown(target.model, args.n, repeats=args.repeats)
+    b = verify_breakdown(target.model, args.n, backends=tuple(args.backends), repeats=args.repeats)
     print(f"median ms per forward after 64 cached tokens ({args.repeats} interleaved repeats), "
           "under each kernel backend (specnb.kernels); rest = the forward with every linear layer stubbed "
           "(all but the products); max |dlogit| = largest difference between the two")
@@ -246,8 +246,14 @@ def _profile_verify(args) -> int:
     for be in b["backends"]:
         print(f"{be}: the products are {products_share_of_growth(b, be, n1):.0%} of the forward's growth "
               f"from n = {n0} to n = {n1}")
+    first = b["backends"][0]
+    for be in b["backends"][1:]:
+        worst = max(b["max_diff_vs_first"][be].values())
+        print(f"{be} against {first}: T(n) " + ", ".join(
+            f"{b['median'][be]['full'][n] / b['median'][first]['full'][n]:.3f}" for n in b["ns"])
+            + f" of {first}'s for n = {', '.join(map(str, b['ns']))}; max |dlogit| {worst:.1e}")
     print("\none x @ W.T per weight shape, x of n rows (median ms; xN = time at n over time at n = 1):")
-    print(gemm_text(gemm_table(target.model, args.n)))
+    print(gemm_text(gemm_table(target.model, args.n)))  # one product per shape: fusion does not apply
     for n in (args.n[0], args.n[-1]):
         print(f"\ntop operators by self CPU time, n = {n} (torch.profiler):")
         for name, ms, share in op_table(target.model, n):
@@ -427,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, nargs="+", default=[1, 2, 3, 5, 9], help="tokens per forward (first: baseline)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--backends", nargs="+", default=["mkl", "onednn", "onednn-unfused"],
+                   help="kernels to interleave: mkl, onednn, mixed (from 4 rows), onednn-unfused "
+                        "(oneDNN without the q/k/v and gate/up fusion)")
     p.set_defaults(func=_profile_verify)
     p = sub.add_parser("tree-bench", help="chapter 8: head trees vs the head's chain, chosen on calibration prompts")
     p.add_argument("--kinds", nargs="+", default=["prose", "code"])

@@ -82,7 +82,10 @@ more at n = 5) overstated both: the profiler adds its own cost to every small op
 Not covered: quantized int8 kernels, GPUs (nothing here runs on CUDA tensors; they keep
 torch's defaults), and autograd through packed weights (a layer whose weight needs a gradient
 runs torch's own ``F.linear``, so training is unaffected). A weight changed in place after
-packing is repacked before its next use (its ``_version`` is checked on every call).
+packing is repacked before its next use (its ``_version`` is checked on every call). oneDNN's
+prepacked linear runs bfloat16 and float16 only with AVX-512 or AVX-NE-CONVERT
+(:func:`onednn_supports` probes it once): on an AVX2-only CPU such as a Zen 3 EPYC a bfloat16 model
+runs MKL, and its ``how`` says so.
 """
 from __future__ import annotations
 

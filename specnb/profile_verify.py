@@ -30,6 +30,18 @@ from .cache import _decoder_and_head, cache_keyword, forward, prefilled, rollbac
 from .kernels import KernelLinear, kernels_of, make, use_kernels
 
 BACKENDS = ("mkl", "onednn")
+NAMED = ("mkl", "onednn", "mixed", "onednn-unfused")  # what ``backends`` may name
+
+
+def _kernels_named(name: str):
+    """``make(name)``; ``onednn-unfused``: oneDNN with one call per linear layer (no FusedGroup)."""
+    if name == "onednn-unfused":
+        return make("onednn", fused=False)
+    if name == "mixed":
+        return make("mixed", 4)
+    if name not in NAMED:
+        raise ValueError(f"unknown backend {name!r} for the breakdown; valid: {', '.join(NAMED)}")
+    return make(name)
 
 
 @contextmanager
@@ -81,12 +93,13 @@ def verify_breakdown(model: torch.nn.Module, ns=(1, 2, 3, 5, 9), backends=BACKEN
     """
     ns = [int(n) for n in ns]
     before = kernels_of(model)
-    chosen = {b: make(b) for b in backends}
+    chosen = {b: _kernels_named(b) for b in backends}
     cache, new = prefilled(model, context_len, max(ns), seed)
     _, lm_head = _decoder_and_head(model)
     parts = ("full", "body", "head", "rest")
     times = {b: {p: {n: [] for n in ns} for p in parts} for b in backends}
     max_diff = {n: 0.0 for n in ns}
+    max_diff_vs_first = {b: {n: 0.0 for n in ns} for b in backends}
     try:
         for r in tqdm(range(warmup + repeats), desc="verify breakdown", disable=not progress):
             for n in ns:
@@ -115,12 +128,15 @@ def verify_breakdown(model: torch.nn.Module, ns=(1, 2, 3, 5, 9), backends=BACKEN
                 if len(logits) > 1:
                     a, b = list(logits.values())[:2]
                     max_diff[n] = max(max_diff[n], float((a - b).abs().max()))
+                for name, out in logits.items():
+                    first = logits[backends[0]]
+                    max_diff_vs_first[name][n] = max(max_diff_vs_first[name][n], float((out - first).abs().max()))
     finally:
         if before is not None:
             use_kernels(model, before)
     return {"ns": ns, "backends": list(backends), "context_len": context_len, "repeats": repeats,
             "median": {b: {p: {n: float(np.median(times[b][p][n])) for n in ns} for p in parts} for b in backends},
-            "max_diff": max_diff}
+            "max_diff": max_diff, "max_diff_vs_first": max_diff_vs_first}
 
 
 @torch.inference_mode()
@@ -204,12 +220,13 @@ def breakdown_table(b: dict) -> str:
     """The breakdown as text: ms per part for each backend (``rest``: the forward without its products),
     and the whole forward's T(n)/T(1)."""
     ns, med = b["ns"], b["median"]
-    lines = [f"{'n':>3} {'backend':>7} {'forward':>8} {'body':>8} {'LM head':>8} {'rest':>8}   {'T(n)/T(1)':>9} "
+    w = max(7, *(len(be) for be in b["backends"]))
+    lines = [f"{'n':>3} {'backend':>{w}} {'forward':>8} {'body':>8} {'LM head':>8} {'rest':>8}   {'T(n)/T(1)':>9} "
              f"{'head share':>10} {'max |dlogit|':>12}"]
     for n in ns:
         for be in b["backends"]:
             m = med[be]
-            lines.append(f"{n:>3} {be:>7} " + " ".join(f"{m[p][n] * 1e3:8.2f}" for p in ("full", "body", "head", "rest"))
+            lines.append(f"{n:>3} {be:>{w}} " + " ".join(f"{m[p][n] * 1e3:8.2f}" for p in ("full", "body", "head", "rest"))
                          + f"   {m['full'][n] / m['full'][ns[0]]:9.2f} {m['head'][n] / m['full'][n]:10.2f} "
                          f"{b['max_diff'][n]:12.1e}")
     return "\n".join(lines)

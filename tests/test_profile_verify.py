@@ -89,3 +89,17 @@ def test_stubbed_linear_layers_run_no_product_and_are_restored(target, prompts):
     assert torch.equal(forward(model, ids, new_cache(model)), before)  # restored on error too
     b = {"ns": [1, 5], "median": {"x": {"full": {1: 30.0, 5: 40.0}, "rest": {1: 7.0, 5: 8.0}}}}
     assert products_share_of_growth(b, "x", 5) == pytest.approx(0.9)
+
+
+def test_the_breakdown_times_oneDNN_with_and_without_the_fusion():
+    from specnb.tiny import tiny_llama
+
+    model = tiny_llama(seed=0, vocab_size=96)
+    b = verify_breakdown(model, (1, 3), backends=("mkl", "onednn", "onednn-unfused"), repeats=2, warmup=1,
+                         progress=False)
+    assert b["backends"] == ["mkl", "onednn", "onednn-unfused"]
+    assert b["max_diff_vs_first"]["mkl"][3] == 0.0
+    assert 0 < b["max_diff_vs_first"]["onednn-unfused"][3] < 1e-4
+    assert "onednn-unfused" in breakdown_table(b)
+    with pytest.raises(ValueError, match="valid: mkl, onednn"):
+        verify_breakdown(model, (1,), backends=("mkl", "fastest"), repeats=1, progress=False)
