@@ -289,7 +289,8 @@ class FusedGroup:
     tensor ``h`` (and ``gate_proj(x)``, ``up_proj(x)``). The first member called with a new input
     computes ``x @ [W_1; W_2; ...]^T`` once, through one weight packed from all the members', keeps
     it, and hands each later member its columns when that member is called with the same tensor
-    (identity and version checked); any other input is computed afresh. No module is patched, and
+    (identity checked, and its version where torch keeps one: inference tensors keep none); any
+    other input, or a member called twice, is computed afresh. No module is patched, and
     every member still works alone. ``x: (..., in_features) -> (..., out_features of the member)``
     (a view into the fused output).
     """
