@@ -38,8 +38,17 @@ GEN_DTYPE = torch.bfloat16  # the fast mode for token ids only (features and lab
 
 
 def in_dtype(target, dtype: torch.dtype):
-    """``target`` itself when it already runs in ``dtype``, else a copy converted to it (the original untouched)."""
-    return target if dtype == next(target.parameters()).dtype else copy.deepcopy(target).to(dtype)
+    """``target`` itself when it already runs in ``dtype``, else a copy converted to it (the original untouched),
+    on the target's kernels where they can run ``dtype`` here, else on MKL with the reason in its ``how``."""
+    from .kernels import kernels_of, use_kernels
+
+    if dtype == next(target.parameters()).dtype:
+        return target
+    out = copy.deepcopy(target).to(dtype)
+    if kernels_of(target) is not None:
+        use_kernels(out, kernels_of(target), remember=False)
+    return out
+
 GEN_BATCH = 64  # best of 16 / 32 / 64 on the 2-core Intel build machine (278 / 353 / 374 new tok/s)
 NGRAM = 8
 

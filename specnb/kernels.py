@@ -270,7 +270,8 @@ class KernelLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.numel() < self.kernels.onednn_from * self.in_features or x.device.type != "cpu"
-                or (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))):
+                or (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))
+                or not onednn_supports(self.weight.dtype)):  # e.g. a copy cast to bfloat16 after use_kernels
             return F.linear(x, self.weight, self.bias)
         group = getattr(self, "_group", None)
         if group is None or not self.kernels.fused:
@@ -354,13 +355,14 @@ def kernels_of(model: torch.nn.Module) -> Kernels | None:
     return getattr(model, "_specnb_kernels", None)
 
 
-def use_kernels(model: torch.nn.Module, backend: str | Kernels | None = None) -> Kernels:
+def use_kernels(model: torch.nn.Module, backend: str | Kernels | None = None, remember: bool = True) -> Kernels:
     """Run ``model``'s linear layers on ``backend`` (default: ``$SPECNB_KERNELS``, else auto).
 
     Replaces every plain ``nn.Linear`` by a :class:`KernelLinear` sharing its parameters (once),
     and points all of them at one :class:`Kernels`; calling again switches the whole model.
     ``auto`` needs a transformers causal LM (it times forwards); for other modules (the chapter 7
-    head) pass the target's :class:`Kernels`. Returns the kernels now in use.
+    head) pass the target's :class:`Kernels`. Returns the kernels now in use. ``remember=False``
+    leaves :func:`in_use` (what an unnamed machine line prints) as it was: for a model's helper copy.
     """
     global _LAST
     if isinstance(backend, Kernels):
@@ -380,7 +382,8 @@ def use_kernels(model: torch.nn.Module, backend: str | Kernels | None = None) ->
             kernels = make(name, how=f"{ENV}={name}" if os.environ.get(ENV) else f"asked for {name}")
     kernels = _for_dtype(kernels, model)
     _install(model, kernels)
-    _LAST = kernels
+    if remember:
+        _LAST = kernels
     return kernels
 
 

@@ -358,3 +358,20 @@ def test_a_dtype_onednn_cannot_run_here_falls_back_to_mkl_and_says_so(monkeypatc
 
 def test_onednn_supports_float32_here():
     assert kernels.onednn_supports(torch.float32)
+
+
+def test_a_copy_cast_to_a_dtype_onednn_cannot_run_here_still_runs(monkeypatch):
+    """A model put on oneDNN and then cast (``.to(torch.bfloat16)``, as the training-id generation
+    does) must not call oneDNN's missing bfloat16 path; ``head_data.in_dtype`` also relabels the copy."""
+    from specnb import head_data
+
+    monkeypatch.setattr(kernels, "_DTYPE_OK", {torch.bfloat16: False, torch.float32: True})
+    model = tiny_llama(seed=0)
+    use_kernels(model, make("onednn"))
+    before = kernels.in_use()
+    cast = copy.deepcopy(model).to(torch.bfloat16)
+    with torch.inference_mode():
+        cast(torch.tensor([[1, 2, 3]]))  # would raise in oneDNN's bf16 reorder on an AVX2-only CPU
+    copied = head_data.in_dtype(model, torch.bfloat16)
+    assert kernels_of(copied).backend == "mkl" and "no bfloat16 path" in kernels_of(copied).how
+    assert kernels_of(model).backend == "onednn" and kernels.in_use() is before

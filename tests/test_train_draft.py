@@ -141,7 +141,7 @@ def test_committed_ids_regenerate_identically():
     prompts = corpus.training_prompts(meta["seed"])[:meta["prompts"]]
     encoded = [encode(tok, p) for p in prompts]
     first = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))[:hd.GEN_BATCH]
-    fast = __import__("copy").deepcopy(loaded.model).to(torch.bfloat16)
+    fast = hd.in_dtype(loaded.model, torch.bfloat16)
     again = hd.generate_ids(fast, [encoded[i] for i in first], 16, hd.GEN_BATCH, tok.eos_token_id)
     same = total = 0
     for i, s in zip(first, again):
