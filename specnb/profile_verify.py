@@ -136,7 +136,8 @@ def verify_breakdown(model: torch.nn.Module, ns=(1, 2, 3, 5, 9), backends=BACKEN
             use_kernels(model, before)
     return {"ns": ns, "backends": list(backends), "context_len": context_len, "repeats": repeats,
             "median": {b: {p: {n: float(np.median(times[b][p][n])) for n in ns} for p in parts} for b in backends},
-            "max_diff": max_diff, "max_diff_vs_first": max_diff_vs_first}
+            "max_diff": max_diff, "max_diff_vs_first": max_diff_vs_first,
+            "samples": {b: {p: {n: [float(t) for t in times[b][p][n]] for n in ns} for p in parts} for b in backends}}
 
 
 @torch.inference_mode()
@@ -210,9 +211,16 @@ def op_table(model: torch.nn.Module, n: int, context_len: int = 64, repeats: int
 def products_share_of_growth(b: dict, backend: str, n: int) -> float:
     """Of the whole forward's growth from the first n measured to ``n``, the share that is the linear
     layers' products (the growth of ``full - rest``) under ``backend``: 1 = all of it."""
-    m, n0 = b["median"][backend], b["ns"][0]
-    growth = m["full"][n] - m["full"][n0]
-    products = (m["full"][n] - m["rest"][n]) - (m["full"][n0] - m["rest"][n0])
+    n0 = b["ns"][0]
+    if "samples" in b:  # paired within each repeat (n = n0 and n, whole and stubbed, timed seconds apart)
+        t = b["samples"][backend]
+        growth_r = np.subtract(t["full"][n], t["full"][n0])
+        rest_r = np.subtract(t["rest"][n], t["rest"][n0])
+        growth, products = float(np.median(growth_r)), float(np.median(growth_r - rest_r))
+    else:
+        m = b["median"][backend]
+        growth = m["full"][n] - m["full"][n0]
+        products = (m["full"][n] - m["rest"][n]) - (m["full"][n0] - m["rest"][n0])
     return float(products / growth) if growth > 0 else float("nan")
 
 
