@@ -373,7 +373,7 @@ def use_kernels(model: torch.nn.Module, backend: str | Kernels | None = None, re
             raise ValueError(f"{ENV}={name!r} is not a kernel backend; valid: {', '.join(CHOICES)}")
         dtype = _dtype_of(model)
         if name != "mkl" and dtype is not None and onednn_available() and not onednn_supports(dtype):
-            kernels = _for_dtype(make("onednn"), model)
+            kernels = make("onednn")  # nothing to time: _for_dtype below turns it into MKL, saying why
         elif name == "auto":
             kernels = choose_for(model)
         elif name == "mixed":

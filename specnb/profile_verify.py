@@ -98,7 +98,6 @@ def verify_breakdown(model: torch.nn.Module, ns=(1, 2, 3, 5, 9), backends=BACKEN
     _, lm_head = _decoder_and_head(model)
     parts = ("full", "body", "head", "rest")
     times = {b: {p: {n: [] for n in ns} for p in parts} for b in backends}
-    max_diff = {n: 0.0 for n in ns}
     max_diff_vs_first = {b: {n: 0.0 for n in ns} for b in backends}
     try:
         for r in tqdm(range(warmup + repeats), desc="verify breakdown", disable=not progress):
@@ -125,15 +124,13 @@ def verify_breakdown(model: torch.nn.Module, ns=(1, 2, 3, 5, 9), backends=BACKEN
                     if r >= warmup:
                         for p, dt in zip(parts, (t1 - t0, t3 - t2, t5 - t4, t7 - t6)):
                             times[b][p][n].append(dt)
-                if len(logits) > 1:
-                    a, b = list(logits.values())[:2]
-                    max_diff[n] = max(max_diff[n], float((a - b).abs().max()))
+                first = logits[backends[0]]
                 for name, out in logits.items():
-                    first = logits[backends[0]]
                     max_diff_vs_first[name][n] = max(max_diff_vs_first[name][n], float((out - first).abs().max()))
     finally:
         if before is not None:
             use_kernels(model, before)
+    max_diff = max_diff_vs_first[backends[1]] if len(backends) > 1 else {n: 0.0 for n in ns}
     return {"ns": ns, "backends": list(backends), "context_len": context_len, "repeats": repeats,
             "median": {b: {p: {n: float(np.median(times[b][p][n])) for n in ns} for p in parts} for b in backends},
             "max_diff": max_diff, "max_diff_vs_first": max_diff_vs_first,
