@@ -33,8 +33,17 @@ book: model assets
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo "book: $(CURDIR)/_build/html/index.html"
 
+# Unit tests on TEST_WORKERS processes (pytest-xdist; each test runs one torch thread, so two
+# workers use both cores of a 2-core machine); then every notebook through nbval, alone on the
+# machine (chapters measure time). Both stages always run; either failing fails `make test`.
+# A notebook that passes is stored in the book's quick-mode execution cache
+# (tools/nbval_book_cache.py): `SPECNB_QUICK=1 make book` afterwards does not execute it again.
+TEST_WORKERS ?= 2
 test: model
-	SPECNB_QUICK=1 $(BIN)/python -m pytest tests notebooks --nbval-lax -p no:cacheprovider -v
+	@rc=0; \
+	SPECNB_QUICK=1 $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist worksteal -p no:cacheprovider -v || rc=1; \
+	SPECNB_QUICK=1 $(BIN)/python -m pytest notebooks --nbval-lax -p no:cacheprovider -v || rc=1; \
+	exit $$rc
 
 # The built site in Debian's chromium (apt-get install chromium), offline; run after `make book`.
 # Fails (instead of skipping) when the site or the browser is missing.
