@@ -72,7 +72,7 @@ class _Run:
 
     def __init__(self, path: Path):
         self.path = path
-        self.messages: list[dict] = []       # every iopub message nbval read, in order
+        self.messages: list[dict] = []       # the iopub messages nbval read for the cell running now
         self.cells: dict[int, list[dict]] = {}
         self.ok = True
         self.seconds = 0.0
@@ -125,10 +125,11 @@ def pytest_runtest_call(item):
         yield
         return
     run = _run_of(item)
-    start, t0 = len(run.messages), time.perf_counter()
+    run.messages.clear()
+    t0 = time.perf_counter()
     outcome = yield
     run.seconds += time.perf_counter() - t0
-    got = run.messages[start:]
+    got = run.messages
     # nbval stops reading at the idle status whose parent is this cell's execute request.
     if outcome.excinfo is not None or not got or got[-1]["msg_type"] != "status":
         run.ok = False
@@ -188,7 +189,7 @@ def store(path: Path, cells: dict[int, list[dict]], language_info: dict, seconds
     site = _site()
     quick = site._quick()
     root = book_root(path)
-    cache_dir = cache_base(root) / ("quick" if quick else "full")
+    cache_dir = site.mode_cache_dir(cache_base(root), quick)
     cache_dir.mkdir(parents=True, exist_ok=True)
     nb = executed_notebook(path, cells, language_info)
     cache = get_cache(str(cache_dir))
@@ -199,7 +200,7 @@ def store(path: Path, cells: dict[int, list[dict]], language_info: dict, seconds
     state_file = cache_dir / site.STATE
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
     state.setdefault("fingerprints", {})[doc] = site.fingerprints(root, quick)[doc]
-    for down, (up, output) in site.DEPENDS.items():
+    for up, output in site.DEPENDS.values():
         out = output(quick)
         if up == doc and out.exists():
             state.setdefault("outputs", {})[up] = {"path": str(out), "sha256": site._sha(out.read_bytes())}

@@ -110,12 +110,17 @@ def _cached(cache, root: Path, doc: str) -> bool:
         return False
 
 
+def mode_cache_dir(base: Path, quick: bool) -> Path:
+    """The execution cache of one mode under the configured ``execute.cache`` path."""
+    return base / ("quick" if quick else "full")
+
+
 def config_inited(app: Sphinx, config) -> None:
     app.specnb_quick = _quick()
     base = Path(config.nb_execution_cache_path or "_build/.jupyter_cache")
     if not base.is_absolute():
         base = Path(app.confdir) / base
-    config.nb_execution_cache_path = str(base / ("quick" if app.specnb_quick else "full"))
+    config.nb_execution_cache_path = str(mode_cache_dir(base, app.specnb_quick))
 
 
 def builder_inited(app: Sphinx) -> None:
