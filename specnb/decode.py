@@ -15,6 +15,7 @@ rejection rule from ``sampling.py``. Not covered here: batches of sequences.
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -197,10 +198,46 @@ class SamplingRule:
         return n, token
 
 
+@dataclass
+class Prefill:
+    """The target's state after all but the last token of one prompt, kept for many runs on it.
+
+    Runs that repeat one prompt (a distribution check draws hundreds of samples) can start from
+    a copy of this state instead of prefilling again: the copy holds the very keys and values
+    the prefill computed, so every token of the run is what a fresh prefill would give (a test
+    checks this). Such a run's ``t_prefill`` is the original prefill's time and its
+    ``wall_time`` leaves that prefill out: use it for tokens and distributions, not for speed.
+    """
+
+    ids: list[int]  # the whole prompt; the cache holds ids[:-1]
+    cache: object  # DynamicCache, never mutated: each run gets a deep copy
+    hidden: torch.Tensor | None  # (len(ids) - 1, F): the prefill's features, or None
+    layers: tuple[int, ...] | None  # the feature layers ``hidden`` came from (None: no features)
+    seconds: float  # the prefill's own time
+
+
+@torch.inference_mode()
+def prefill(target: torch.nn.Module, prompt_ids, draft: Draft | None = None) -> Prefill:
+    """Prefill ``target`` on all but the last token of ``prompt_ids`` once, for :class:`Prefill`
+    reuse; with a ``draft`` that reads features (a trained head), keep the features it reads."""
+    ids = validate(target, prompt_ids, 2)
+    cache = new_cache(target)
+    layers = tuple(draft.feature_layers) if draft is not None and draft.uses_features else None
+    start = time.perf_counter()
+    hidden = None
+    if len(ids) > 1:
+        if layers is not None:
+            _, hidden = forward_features(target, ids[:-1], cache, logits_to_keep=1, layers=layers)
+        else:
+            forward(target, ids[:-1], cache, logits_to_keep=1)
+    return Prefill(list(ids), cache, hidden, layers, time.perf_counter() - start)
+
+
 def start_loop(target: torch.nn.Module, draft: Draft, ids: list[int], eos_token_id: int | None,
-               result: DecodeResult):
+               result: DecodeResult, prefilled: Prefill | None = None):
     """Step 0 of every speculative loop (chain or tree): check the draft's vocabulary, reset it, and
     prefill all but the last prompt token, handing the prefill's features to a draft that reads them.
+    With ``prefilled`` (:func:`prefill` on the same prompt), start from a copy of its state instead.
 
     Invariant from here on: the target cache holds every token of ``ids`` except the last one.
     Returns ``(cache, start)`` with ``start`` the loop's ``perf_counter`` origin.
@@ -208,6 +245,21 @@ def start_loop(target: torch.nn.Module, draft: Draft, ids: list[int], eos_token_
     if draft.vocab_model() is not None:  # a draft running its own model, however wrapped
         check_vocab_sizes(target, draft.vocab_model())
     draft.reset(eos_token_id)
+    if prefilled is not None:
+        if list(prefilled.ids) != list(ids):
+            raise ValueError("prefilled holds the prefill of another prompt: call decode.prefill on this prompt")
+        wanted = tuple(draft.feature_layers) if draft.uses_features else None
+        if prefilled.layers != wanted:
+            raise ValueError(f"prefilled kept the features of layers {prefilled.layers}, this draft reads {wanted}: "
+                             "call decode.prefill(target, ids, draft) with this draft")
+        cache = copy.deepcopy(prefilled.cache)
+        start = time.perf_counter()
+        if len(ids) > 1:
+            if draft.uses_features:
+                draft.observe(prefilled.hidden.clone())  # (len(ids) - 1, F)
+            result.target_forwards += 1
+            result.t_prefill = prefilled.seconds
+        return cache, start
     cache = new_cache(target)
     start = time.perf_counter()
     if len(ids) > 1:
@@ -232,8 +284,8 @@ def cut_drafts(drafts: list[int], budget: int, eos_token_id: int | None) -> list
 
 
 def _speculative_loop(target: torch.nn.Module, draft: Draft, ids: list[int], k: int, max_new_tokens: int,
-                      eos_token_id: int | None, rule, result: DecodeResult, rollback_mode: str = "exact"
-                      ) -> DecodeResult:
+                      eos_token_id: int | None, rule, result: DecodeResult, rollback_mode: str = "exact",
+                      prefilled: Prefill | None = None) -> DecodeResult:
     """The loop shared by greedy and sampling mode; ``rule`` proposes and accepts (steps 1 and 3).
 
     Drafts with ``uses_features`` (a trained head) get the target's last hidden states of
@@ -243,7 +295,7 @@ def _speculative_loop(target: torch.nn.Module, draft: Draft, ids: list[int], k: 
         raise ValueError(f"{draft.name} proposes token trees, which this chain loop cannot verify (it would "
                          "drop every branch but one): use specnb.tree_decode.speculative_tree_greedy")
     feats = draft.uses_features
-    cache, start = start_loop(target, draft, ids, eos_token_id, result)
+    cache, start = start_loop(target, draft, ids, eos_token_id, result, prefilled)
     while len(result.tokens) < max_new_tokens:
         budget = max_new_tokens - len(result.tokens)
         # 1. Fetch candidates: never more than the budget leaves room for (the round adds one more).
@@ -291,7 +343,8 @@ def _speculative_loop(target: torch.nn.Module, draft: Draft, ids: list[int], k: 
 
 @torch.inference_mode()
 def speculative_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, k: int, max_new_tokens: int,
-                       eos_token_id: int | None = None, rollback_mode: str = "exact") -> DecodeResult:
+                       eos_token_id: int | None = None, rollback_mode: str = "exact",
+                       prefilled: Prefill | None = None) -> DecodeResult:
     """Speculative greedy decoding: output identical to :func:`greedy` on ``target``.
 
     Each round: (1) the draft proposes up to k tokens d_1..d_k; (2) the target
@@ -310,7 +363,7 @@ def speculative_greedy(target: torch.nn.Module, draft: Draft, prompt_ids, k: int
     ids = validate(target, prompt_ids, max_new_tokens, k)
     result = DecodeResult([], len(ids), 0.0, 0)
     return _speculative_loop(target, draft, ids, k, max_new_tokens, eos_token_id, GreedyRule(), result,
-                             rollback_mode)
+                             rollback_mode, prefilled)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,7 +424,7 @@ def sample(model: torch.nn.Module, prompt_ids, max_new_tokens: int, params: Samp
 def speculative_sample(target: torch.nn.Module, draft: Draft, prompt_ids, k: int, max_new_tokens: int,
                        params: SamplingParams = SamplingParams(), seed: int = 0, eos_token_id: int | None = None,
                        residual_fn: Residual = residual, draft_q: DraftQ = draft_distributions,
-                       rollback_mode: str = "exact") -> SamplingResult:
+                       rollback_mode: str = "exact", prefilled: Prefill | None = None) -> SamplingResult:
     """Speculative sampling: each emitted token has the distribution :func:`sample` would give it.
 
     The steps of :func:`speculative_greedy`, with the rule of :mod:`specnb.sampling`:
@@ -386,6 +439,7 @@ def speculative_sample(target: torch.nn.Module, draft: Draft, prompt_ids, k: int
     ``residual_fn`` and ``draft_q`` other than the defaults are the negative
     controls of :mod:`specnb.sampling` (``VARIANTS``): they break exactness on purpose, as
     ``rollback_mode`` other than ``"exact"`` does (see :func:`speculative_greedy`).
+    ``prefilled`` (:func:`prefill` of this prompt) starts from a copy of a prefill done once.
     """
     if rollback_mode not in ROLLBACKS:
         raise ValueError(f"rollback_mode must be one of {ROLLBACKS}, got {rollback_mode!r}")
@@ -393,4 +447,5 @@ def speculative_sample(target: torch.nn.Module, draft: Draft, prompt_ids, k: int
     generator = torch.Generator().manual_seed(seed)
     rule = SamplingRule(params, generator, target.config.vocab_size, residual_fn, draft_q)
     result = SamplingResult([], len(ids), 0.0, 0, seed=seed)
-    return _speculative_loop(target, draft, ids, k, max_new_tokens, eos_token_id, rule, result, rollback_mode)
+    return _speculative_loop(target, draft, ids, k, max_new_tokens, eos_token_id, rule, result, rollback_mode,
+                             prefilled)

@@ -368,3 +368,39 @@ def test_loading_a_head_does_not_import_the_trainer():
     code = ("import sys, specnb.head_io, specnb.drafts, specnb.tree_drafts; "
             "assert 'specnb.train_head' not in sys.modules, 'loading a head imported the trainer'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_reused_prefill_gives_the_tokens_of_a_fresh_one(target, prompts, tiny_data, trained, monkeypatch):
+    """``decode.prefill`` once, then many seeded runs from copies of it (chapter 7's distribution
+    check does this): every run's tokens, rounds and forward count equal a fresh run's, for the head
+    (which reads the prefill's features) and for a model draft; the copy is never mutated, so the
+    same object serves every run; a prefill of another prompt, or without the head's features, is
+    refused. A cache handed out without copying (the broken variant) changes the tokens."""
+    from specnb import decode
+    from specnb.drafts import ModelDraft
+    from specnb.tiny import perturbed_copy
+
+    head = trained[0]
+    ids = tiny_data[1].tokens[:tiny_data[1].prompt_len + 3].tolist()
+    params = SamplingParams(temperature=1.0)
+    for draft in (HeadDraft(head), ModelDraft(perturbed_copy(target, noise=0.02, seed=1))):
+        pre = decode.prefill(target, ids, draft)
+        for s in range(6):
+            fresh = speculative_sample(target, draft, ids, 3, 8, params, seed=s)
+            reused = speculative_sample(target, draft, ids, 3, 8, params, seed=s, prefilled=pre)
+            assert reused.tokens == fresh.tokens, (draft.name, s)
+            assert [(r.drafted, r.accepted) for r in reused.rounds] == [(r.drafted, r.accepted) for r in fresh.rounds]
+            assert reused.target_forwards == fresh.target_forwards
+        g = speculative_greedy(target, draft, ids, 3, 8, prefilled=pre)
+        assert g.tokens == greedy(target, ids, 8).tokens
+    with pytest.raises(ValueError, match="another prompt"):
+        speculative_sample(target, HeadDraft(head), list(prompts[0]), 2, 4, params,
+                           prefilled=decode.prefill(target, ids, HeadDraft(head)))
+    with pytest.raises(ValueError, match="features of layers"):
+        speculative_sample(target, HeadDraft(head), ids, 2, 4, params, prefilled=decode.prefill(target, ids))
+    # negative control: the loop writes into a cache it was handed without a copy
+    pre = decode.prefill(target, ids, HeadDraft(head))
+    monkeypatch.setattr(decode.copy, "deepcopy", lambda c: c)
+    runs = [speculative_sample(target, HeadDraft(head), ids, 3, 8, params, seed=0, prefilled=pre).tokens
+            for _ in range(2)]
+    assert runs[1] != runs[0]
