@@ -22,6 +22,8 @@ CELLS = [
     "display(HTML('<b>gone</b>')); clear_output(wait=True); print('after clear')",
     "h = display(HTML('<i>first</i>'), display_id=True)\nh.update(HTML('<i>updated</i>'))\n40 + 2",
     "import ipywidgets as w\nw.IntSlider(value=3, min=0, max=9, description='k')",
+    # an Output widget (chapter 5's): nbclient's mimic of it needs a kernel client to send its state to
+    "out = w.Output()\nwith out:\n    print('inside the output widget')\nout",
 ]
 
 
@@ -87,6 +89,7 @@ def test_a_passing_notebook_is_cached_as_nbclient_executes_it(tmp_path):
     assert [o.get("text") for o in _normalised(cached) if o["output_type"] == "stream"] == \
         ["to stdout\n", "to stderr\n", "after clear\n"]
     assert _widgets(cached) == _widgets(reference) and _widgets(cached), _widgets(cached)
+    assert "inside the output widget" in json.dumps(_widgets(cached))
     assert cached.metadata["language_info"]["name"] == "python"
     # the fingerprint specnb_site checks before reusing an entry
     state = json.loads((path.parents[1] / "_build/.jupyter_cache/quick" / specnb_site.STATE).read_text())

@@ -153,6 +153,21 @@ def pytest_runtest_makereport(item, call):
         _run_of(item).ok = False
 
 
+class _GoneKernel:
+    """What nbclient's Output-widget mimic (``nbclient.output_widget.OutputWidget``) needs of a kernel
+    client: a session to build the state updates it sends back to the kernel, and a shell channel.
+    The kernel that ran the notebook has gone, so the updates are dropped; the mimic keeps the same
+    state in the client's ``widget_state``, which is what the stored notebook's widget metadata holds."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        from jupyter_client.session import Session
+
+        self.session = Session()
+        self.shell_channel = SimpleNamespace(send=lambda msg: None)
+
+
 def executed_notebook(path: Path, cells: dict[int, list[dict]], language_info: dict):
     """The notebook at ``path`` with the outputs and widget state nbclient makes from these messages.
 
@@ -165,6 +180,7 @@ def executed_notebook(path: Path, cells: dict[int, list[dict]], language_info: d
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, record_timing=False)   # as jupyter-cache runs it; no kernel: only its message handling is used
     client.reset_execution_trackers()
+    client.kc = _GoneKernel()   # an Output widget's mimic sends its state to the kernel: drop it
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     for k, index in enumerate(code):
         cell = nb.cells[index]
