@@ -29,7 +29,10 @@ So this module offers three backends, and picks one by measuring the model at ha
   pointwise faster of the two curves where they cross once (as on the Xeon).
 
 ``SPECNB_KERNELS=auto|mkl|onednn|mixed`` chooses (default ``auto``). ``auto`` times T(n) for
-n = 1..5 and 9 under MKL and oneDNN, interleaved on the same cache (a few seconds), takes
+n = 1..5 and 9 under MKL and oneDNN, interleaved on the same cache (a few seconds; a model whose
+rounds are slow, such as a 774M shape twin, stops after 3 interleaved repeats once 20 s have
+passed, with one warm-up round instead of 3: 89 s -> about 35 s for gpt2-large's twin on a
+2-core AMD EPYC), takes
 oneDNN from the smallest n at which it is faster there and at every larger n measured, and
 caches the choice with its curves per machine, torch version and model shape in the specnb cache
 (``kernels.json``). Every backend is applied to the model as a whole, so plain greedy and
@@ -104,6 +107,7 @@ ENV = "SPECNB_KERNELS"
 CHOICES = ("auto", "mkl", "onednn", "mixed")
 NEVER = sys.maxsize  # onednn_from for pure MKL: no forward has that many rows
 AUTO_NS = (1, 2, 3, 4, 5, 9)  # the n that auto times: decode steps and verify forwards of k = 1..4, 8
+AUTO_BUDGET_S = 20.0  # auto's timing stops at 3 measured repeats or more once this has passed
 
 
 @dataclass
@@ -437,13 +441,18 @@ def machine_key(model: torch.nn.Module) -> str:
 
 @torch.inference_mode()
 def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, repeats: int = 7,
-                   warmup: int = 3, seed: int = 0) -> dict:
+                   warmup: int = 3, seed: int = 0, budget_s: float | None = None, min_repeats: int = 3,
+                   stats: dict | None = None) -> dict:
     """T(n) in ms (median) under MKL and under oneDNN, interleaved: ``{"mkl": {n: ms}, "onednn": {n: ms}}``.
 
     One cache prefilled with ``context_len`` seeded random ids; each timing feeds n more ids with
     logits at every position (as a verify forward does), then rolls the cache back. Backends and n
     alternate inside each repeat, so a noisy machine's drift hits both alike. Leaves the model on
     MKL; the caller installs its choice.
+
+    With ``budget_s``, a slow model is timed less: when the first round alone takes over a tenth of
+    the budget, it is the only warm-up round, and the repeats stop once ``min_repeats`` are measured
+    and ``budget_s`` seconds have passed. ``stats`` (a dict) receives the repeats and warm-up rounds run.
     """
     from .cache import forward, prefilled, rollback
 
@@ -451,7 +460,10 @@ def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, re
     times = {b: {n: [] for n in ns} for b in backends}
     _install(model, backends["mkl"])
     cache, new = prefilled(model, context_len, max(ns), seed)
-    for r in range(warmup + repeats):
+    start, measured, r = time.perf_counter(), 0, 0
+    while measured < repeats:
+        t_round = time.perf_counter()
+        keep = r >= warmup
         for b, kernels in backends.items():
             _install(model, kernels)
             for n in ns:
@@ -459,9 +471,17 @@ def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, re
                 forward(model, new[:n], cache)
                 dt = time.perf_counter() - t0
                 rollback(cache, n)
-                if r >= warmup:
+                if keep:
                     times[b][n].append(dt)
+        if budget_s is not None and r == 0 and time.perf_counter() - t_round > budget_s / 10:
+            warmup = min(warmup, 1)  # a slow model: one round warmed it
+        measured += keep
+        r += 1
+        if budget_s is not None and measured >= min_repeats and time.perf_counter() - start > budget_s:
+            break
     _install(model, backends["mkl"])
+    if stats is not None:
+        stats.update(repeats=measured, warmup=r - measured)
     return {b: {n: float(np.median(t)) * 1e3 for n, t in per_n.items()} for b, per_n in times.items()}
 
 
@@ -500,8 +520,9 @@ def choose_for(model: torch.nn.Module, allowed=("mkl", "onednn", "mixed"), remea
     if entry is None or remeasure:
         t0 = time.perf_counter()
         print(f"specnb kernels: timing MKL and oneDNN on this machine once ({key}) ...", file=sys.stderr)
-        curves = measure_curves(model)
-        entry = {"curves": curves, "seconds": round(time.perf_counter() - t0, 1),
+        stats = {}
+        curves = measure_curves(model, budget_s=AUTO_BUDGET_S, stats=stats)
+        entry = {"curves": curves, "seconds": round(time.perf_counter() - t0, 1), **stats,
                  "measured": time.strftime("%Y-%m-%d %H:%M")}
         saved[key] = entry
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -511,7 +532,8 @@ def choose_for(model: torch.nn.Module, allowed=("mkl", "onednn", "mixed"), remea
     curves = {b: {int(n): ms for n, ms in c.items()} for b, c in entry["curves"].items()}
     backend, start = decide(curves, allowed)
     t = {b: ", ".join(f"{c[n]:.1f}" for n in sorted(c)) for b, c in curves.items()}
-    how = (f"auto, measured {entry['measured']}: T(n) for n = {', '.join(map(str, sorted(curves['mkl'])))} "
+    reps = f", median of {entry['repeats']}" if "repeats" in entry else ""
+    how = (f"auto, measured {entry['measured']}{reps}: T(n) for n = {', '.join(map(str, sorted(curves['mkl'])))} "
            f"MKL {t['mkl']} ms, oneDNN {t['onednn']} ms")
     return Kernels(backend, start, how, curves)
 

@@ -137,11 +137,11 @@ def test_auto_measures_once_and_caches_per_machine(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECNB_CACHE", str(tmp_path))
     calls = []
     fake = {"mkl": {1: 30.0, 2: 31.0, 4: 45.0}, "onednn": {1: 40.0, 2: 41.0, 4: 42.0}}
-    monkeypatch.setattr(kernels, "measure_curves", lambda model: calls.append(1) or fake)
+    monkeypatch.setattr(kernels, "measure_curves", lambda model, **kw: calls.append(kw) or fake)
     model = tiny_llama(seed=0)
     first = kernels.choose_for(model)
     second = kernels.choose_for(model)
-    assert calls == [1]
+    assert len(calls) == 1 and calls[0]["budget_s"] == kernels.AUTO_BUDGET_S
     assert (first.backend, first.onednn_from) == (second.backend, second.onednn_from) == ("mixed", 4)
     saved = json.loads((tmp_path / "kernels.json").read_text())
     assert list(saved) == [kernels.machine_key(model)] and "torch" in kernels.machine_key(model)
@@ -156,6 +156,24 @@ def test_measure_curves_on_a_tiny_model_leaves_it_on_mkl():
     assert all(ms > 0 for c in curves.values() for ms in c.values())
 
 
+def test_a_slow_model_is_timed_within_the_budget(monkeypatch):
+    """auto's budget: a model whose first round takes over a tenth of it gets one warm-up round and
+    stops after 3 or more repeats once the budget has passed; without a budget every repeat runs."""
+    import time
+
+    from specnb import cache
+
+    real = cache.forward
+    monkeypatch.setattr(cache, "forward", lambda *a, **kw: time.sleep(0.02) or real(*a, **kw))
+    model = tiny_llama(seed=0)
+    stats = {}
+    kernels.measure_curves(model, ns=(1, 3), repeats=20, warmup=3, budget_s=0.5, stats=stats)
+    assert stats["warmup"] == 1 and 3 <= stats["repeats"] < 20, stats
+    stats = {}
+    kernels.measure_curves(model, ns=(1, 3), repeats=4, warmup=2, stats=stats)
+    assert stats == {"repeats": 4, "warmup": 2}
+
+
 def test_the_backend_is_named_where_results_are_written():
     from specnb.env import machine_info, machine_line
 
@@ -167,7 +185,7 @@ def test_the_backend_is_named_where_results_are_written():
 
 def test_a_model_without_linear_layers_is_not_timed(monkeypatch):
     """GPT-2's projections are Conv1D, not nn.Linear: there is nothing to route, so auto measures nothing."""
-    monkeypatch.setattr(kernels, "measure_curves", lambda model: pytest.fail("timed a model with nothing to route"))
+    monkeypatch.setattr(kernels, "measure_curves", lambda model, **kw: pytest.fail("timed a model with nothing to route"))
     model = torch.nn.Sequential(torch.nn.Conv1d(4, 4, 1))
     k = kernels.choose_for(model)
     assert k.backend == "mkl" and "nothing to choose" in k.how
