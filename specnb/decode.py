@@ -220,7 +220,7 @@ class Prefill:
 def prefill(target: torch.nn.Module, prompt_ids, draft: Draft | None = None) -> Prefill:
     """Prefill ``target`` on all but the last token of ``prompt_ids`` once, for :class:`Prefill`
     reuse; with a ``draft`` that reads features (a trained head), keep the features it reads."""
-    ids = validate(target, prompt_ids, 2)
+    ids = validate(target, prompt_ids, 1)
     cache = new_cache(target)
     layers = tuple(draft.feature_layers) if draft is not None and draft.uses_features else None
     start = time.perf_counter()
@@ -245,31 +245,26 @@ def start_loop(target: torch.nn.Module, draft: Draft, ids: list[int], eos_token_
     if draft.vocab_model() is not None:  # a draft running its own model, however wrapped
         check_vocab_sizes(target, draft.vocab_model())
     draft.reset(eos_token_id)
-    if prefilled is not None:
+    fresh = prefilled is None
+    if fresh:
+        start = time.perf_counter()
+        prefilled = prefill(target, ids, draft)
+    else:
         if list(prefilled.ids) != list(ids):
             raise ValueError("prefilled holds the prefill of another prompt: call decode.prefill on this prompt")
         wanted = tuple(draft.feature_layers) if draft.uses_features else None
         if prefilled.layers != wanted:
             raise ValueError(f"prefilled kept the features of layers {prefilled.layers}, this draft reads {wanted}: "
                              "call decode.prefill(target, ids, draft) with this draft")
-        cache = copy.deepcopy(prefilled.cache)
+    # A reused prefill is copied, so that every run starts from the same state; its time is not this run's.
+    cache = prefilled.cache if fresh else copy.deepcopy(prefilled.cache)
+    if not fresh:
         start = time.perf_counter()
-        if len(ids) > 1:
-            if draft.uses_features:
-                draft.observe(prefilled.hidden.clone())  # (len(ids) - 1, F)
-            result.target_forwards += 1
-            result.t_prefill = prefilled.seconds
-        return cache, start
-    cache = new_cache(target)
-    start = time.perf_counter()
     if len(ids) > 1:
         if draft.uses_features:
-            _, hidden = forward_features(target, ids[:-1], cache, logits_to_keep=1, layers=draft.feature_layers)
-            draft.observe(hidden)  # (len(ids) - 1, H)
-        else:
-            forward(target, ids[:-1], cache, logits_to_keep=1)
+            draft.observe(prefilled.hidden if fresh else prefilled.hidden.clone())  # (len(ids) - 1, F)
         result.target_forwards += 1
-        result.t_prefill = time.perf_counter() - start
+        result.t_prefill = prefilled.seconds
     return cache, start
 
 

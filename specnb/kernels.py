@@ -10,6 +10,10 @@ re-reads and re-lays-out W for every call, and how its time grows with n depends
 * on an AMD EPYC (Zen 3, AVX2 only) build machine, MKL took 1.5-1.9x as long at n = 2-9 as at
   n = 1 (T(1) 60-70 ms), oneDNN 1.0-1.4x, and oneDNN was faster at every n (``specnb
   profile-verify``: T(1) 54.1 against 63.7 ms);
+* on an AMD EPYC (Zen 4, AVX-512) build machine, auto's timing of the target (median of 7): MKL
+  T(n) = 59.1, 92.9, 109.8, 83.2, 76.7, 87.5 ms for n = 1, 2, 3, 4, 5, 9, oneDNN 41.2, 46.0, 39.9,
+  39.7, 36.8, 43.2 ms; the chapter 7 head's (1, 576) x (576, 8192) product 1.77 ms on MKL, 0.23 ms
+  on oneDNN;
 * on an Intel Xeon (Sapphire Rapids) build machine, MKL is fastest of all at n <= 3
   (the 576x576 product: 13 us at n = 1, 9 us at n = 2) but jumps at n = 4 (36 us), and the
   49152x576 LM head costs 3.1 ms at n = 1, 6.6 ms at n = 4 and 12.0 ms at n = 9.
@@ -81,6 +85,12 @@ about 1.34x of MKL's at one row (27 ms): MKL's own take 1.61x that, oneDNN's 1.4
 oneDNN's own one-row time, but that is 1.32x MKL's).
 An earlier reading of torch.profiler's self times (14 ms outside the products at n = 1, 5 ms
 more at n = 5) overstated both: the profiler adds its own cost to every small operator.
+
+The chapter 7 head is run on its target's kernels (``head_io.load_head``): its linear layers like
+the target's, and its logits over the reduced vocabulary (``lm_rows``, a buffer, not an
+``nn.Linear``) through :meth:`KernelLinear.over`. Before that product was covered, it ran on MKL
+whatever the target used, and on the Zen 4 machine it was most of a head step (1.55 -> 0.40 ms
+for one row, 4.1 -> 0.59 ms for the three rows of a tree level, in the loaded head).
 
 Not covered: quantized int8 kernels, GPUs (nothing here runs on CUDA tensors; they keep
 torch's defaults), and autograd through packed weights (a layer whose weight needs a gradient
@@ -259,6 +269,19 @@ class KernelLinear(torch.nn.Linear):
         torch.nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight, new.bias = linear.weight, linear.bias  # the same Parameter objects
+        new.kernels = kernels
+        new._packed, new._packed_version = None, -1
+        return new
+
+    @classmethod
+    def over(cls, weight: torch.Tensor, kernels: Kernels) -> "KernelLinear":
+        """A bias-free product ``x @ weight^T`` under ``kernels`` for a weight that no ``nn.Linear`` holds
+        (the chapter 7 head's rows of the target's LM head, a buffer): the same rule and packing as
+        :meth:`wrap`. The caller keeps it outside its module tree, so no parameter or state is added."""
+        new = cls.__new__(cls)
+        torch.nn.Module.__init__(new)
+        new.out_features, new.in_features = weight.shape
+        new.weight, new.bias = weight, None  # a plain attribute here: not registered as a parameter
         new.kernels = kernels
         new._packed, new._packed_version = None, -1
         return new

@@ -393,3 +393,55 @@ def test_a_copy_cast_to_a_dtype_onednn_cannot_run_here_still_runs(monkeypatch):
     copied = head_data.in_dtype(model, torch.bfloat16)
     assert kernels_of(copied).backend == "mkl" and "no bfloat16 path" in kernels_of(copied).how
     assert kernels_of(model).backend == "onednn" and kernels.in_use() is before
+
+
+# --- the chapter 7 head's reduced LM head (a buffer, not an nn.Linear) --------------------------
+
+def _tiny_head(seed: int = 0):
+    from specnb.head import DraftHead, HeadConfig
+
+    target = tiny_llama(seed=seed, vocab_size=96)
+    torch.manual_seed(seed)
+    head = DraftHead(HeadConfig.from_target(target.config, 40))
+    head.vocab_ids.copy_(torch.randperm(96)[:40].sort().values)
+    return head.attach(target).eval()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_the_heads_lm_rows_run_on_the_kernels_and_give_the_dense_product(rows):
+    """Under oneDNN the head's logits (``predicted @ lm_rows^T``, most of a head step) use a packed copy
+    of ``lm_rows``; the values equal the plain product, and the head gains no parameter or state."""
+    head = _tiny_head()
+    n_params, keys = sum(p.numel() for p in head.parameters()), set(head.state_dict())
+    x = torch.randn(rows, head.cfg.hidden_size)
+    ref = x @ head.lm_rows.T
+    use_kernels(head, make("onednn"))
+    with torch.inference_mode():
+        y = head.logits(x)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    lm = head.__dict__["_lm_product"]
+    assert lm._packed is not None  # it really ran oneDNN
+    assert sum(p.numel() for p in head.parameters()) == n_params and set(head.state_dict()) == keys
+    use_kernels(head, make("mkl"))
+    with torch.inference_mode():
+        head.logits(x)
+    assert lm.kernels.backend == "mkl"  # switching the head's kernels switches its LM rows too
+
+
+def test_the_heads_lm_rows_follow_a_new_vocabulary():
+    """``attach`` replaces ``lm_rows``; a packed copy of the old rows would give the old logits."""
+    head = _tiny_head()
+    use_kernels(head, make("onednn"))
+    x = torch.randn(2, head.cfg.hidden_size)
+    with torch.inference_mode():
+        head.logits(x)
+        head.lm_rows = head.lm_rows.flip(0).clone()
+        torch.testing.assert_close(head.logits(x), x @ head.lm_rows.T, rtol=1e-5, atol=1e-5)
+
+
+def test_training_the_head_keeps_torchs_product_for_the_lm_rows():
+    head = _tiny_head()
+    use_kernels(head, make("onednn"))
+    x = torch.randn(3, head.cfg.hidden_size, requires_grad=True)
+    head.logits(x).sum().backward()
+    assert x.grad is not None and head.__dict__["_lm_product"]._packed is None
