@@ -112,3 +112,14 @@ def rejection_rate(draw: Callable[[torch.Generator], torch.Tensor], p: torch.Ten
     generator = torch.Generator().manual_seed(seed)
     rejected = sum(chi_square_test(draw(generator), p).p_value < alpha for _ in range(trials))
     return rejected / trials
+
+
+def false_alarm_chance(trials: int, allowed: int, alpha: float = 0.01) -> float:
+    """P(a correct sampler is rejected in more than ``allowed`` of ``trials`` repeats at level ``alpha``).
+
+    The repeats are independent, so the count is Binomial(trials, alpha): this is the chance that an
+    assert "at most ``allowed`` false alarms" fails the build for a sampler that is right.
+    """
+    import math
+
+    return sum(math.comb(trials, j) * alpha ** j * (1 - alpha) ** (trials - j) for j in range(allowed + 1, trials + 1))

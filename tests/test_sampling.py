@@ -423,3 +423,14 @@ def test_scalar_alpha_condition_matches_enumeration():
     assert exact.scalar_alpha_is_exact(t(.4, .2, .4), t(.2, .1, .7))
     assert not exact.scalar_alpha_is_exact(t(.5, .4, .1), t(.3, .2, .5))  # condition 2 alone fails
     assert not exact.scalar_alpha_is_exact(t(.5, .3, .2), t(.2, .3, .5))  # condition 1 fails
+
+
+def test_false_alarm_chance_is_the_binomial_tail():
+    from specnb.distcheck import false_alarm_chance
+
+    assert abs(false_alarm_chance(20, 0, 0.01) - (1 - 0.99 ** 20)) < 1e-15
+    assert abs(false_alarm_chance(5, 4, 0.1) - 0.1 ** 5) < 1e-18
+    assert false_alarm_chance(7, 7, 0.3) == 0.0
+    tail = false_alarm_chance(20, 2, 0.01)  # chapter 8's bound: at most 2 of 20
+    assert 1.0e-3 < tail < 1.1e-3
+    assert false_alarm_chance(20, 1, 0.01) > tail  # allowing fewer is likelier to fail a correct rule
