@@ -265,12 +265,8 @@ class KernelLinear(torch.nn.Linear):
 
     @classmethod
     def wrap(cls, linear: torch.nn.Linear, kernels: Kernels) -> "KernelLinear":
-        new = cls.__new__(cls)
-        torch.nn.Module.__init__(new)
-        new.in_features, new.out_features = linear.in_features, linear.out_features
-        new.weight, new.bias = linear.weight, linear.bias  # the same Parameter objects
-        new.kernels = kernels
-        new._packed, new._packed_version = None, -1
+        new = cls.over(linear.weight, kernels)  # the same Parameter objects
+        new.bias = linear.bias
         return new
 
     @classmethod
@@ -281,7 +277,7 @@ class KernelLinear(torch.nn.Linear):
         new = cls.__new__(cls)
         torch.nn.Module.__init__(new)
         new.out_features, new.in_features = weight.shape
-        new.weight, new.bias = weight, None  # a plain attribute here: not registered as a parameter
+        new.weight, new.bias = weight, None  # a Parameter is registered (wrap); a buffer stays a plain attribute
         new.kernels = kernels
         new._packed, new._packed_version = None, -1
         return new
