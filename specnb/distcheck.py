@@ -18,6 +18,7 @@ Not covered: exact multinomial tests, and dependence over more than two tokens
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -120,6 +121,4 @@ def false_alarm_chance(trials: int, allowed: int, alpha: float = 0.01) -> float:
     The repeats are independent, so the count is Binomial(trials, alpha): this is the chance that an
     assert "at most ``allowed`` false alarms" fails the build for a sampler that is right.
     """
-    import math
-
     return sum(math.comb(trials, j) * alpha ** j * (1 - alpha) ** (trials - j) for j in range(allowed + 1, trials + 1))

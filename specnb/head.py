@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .cache import cache_length, rollback
+from .kernels import KernelLinear
 
 
 @dataclass
@@ -251,8 +252,6 @@ class DraftHead(nn.Module):
             return predicted @ self.lm_rows.T
         lm = self.__dict__.get("_lm_product")
         if lm is None or lm.weight is not self.lm_rows:
-            from .kernels import KernelLinear
-
             lm = KernelLinear.over(self.lm_rows, kernels)
             self.__dict__["_lm_product"] = lm  # bypasses Module.__setattr__: not a submodule
         lm.kernels = kernels
