@@ -230,13 +230,35 @@ class DraftHead(nn.Module):
         no cache, attention is causal over the T inputs. Real features of a multi-layer head
         are F wide and fused first (:meth:`fused`); its own predicted features are H wide.
         """
-        features = self.fused(features)
-        e = self.embed[next_tokens]
+        dtype = self.fc.weight.dtype  # float32, or bfloat16 after set_precision (inputs arrive float32)
+        features = self.fused(features.to(dtype))
+        e = self.embed[next_tokens].to(dtype)
         if self.cfg.input_norms:
             e, features = self.embed_norm(e), self.feature_norm(features)
         x = self.fc(torch.cat([e, features], dim=-1))
         cos, sin = self.rotary(positions)
-        return self.norm(self.layer(x, cos, sin, mask, cache))
+        return self.norm(self.layer(x, cos.to(dtype), sin.to(dtype), mask, cache))
+
+    @property
+    def precision(self) -> torch.dtype:
+        """The dtype of the head's own weights and of its reduced LM head rows (see :meth:`set_precision`)."""
+        return self.fc.weight.dtype
+
+    def set_precision(self, dtype: torch.dtype) -> "DraftHead":
+        """Run the head's weights (fc, the layer, the norms) and ``lm_rows`` in ``dtype`` (float32 or bfloat16).
+
+        A head step reads about 36 MB of float32 weights for 2 x 576 x (576 + 2 x 4608 + ...) multiply-adds:
+        memory-bound, so halving the bytes is what makes it cheaper (``head_io.choose_precision`` measures
+        it). The shared token embedding and the rotary frequencies stay float32 (the rows it gathers are
+        cast); inputs are cast at the start of :meth:`forward` and :meth:`logits` returns float32 logits, so
+        callers see the same types either way. Training keeps float32 weights (bfloat16 autocast).
+        Exactness never depends on it: the target verifies every draft."""
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"a head runs float32 or bfloat16, not {dtype}")
+        for child in self.children():  # fc, fuse, the norms, the layer; not this module's own buffers
+            child.to(dtype)
+        self.lm_rows = self.lm_rows.to(dtype)
+        return self
 
     def logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """``predicted: (..., H)`` -> logits over the reduced vocabulary ``(..., V')``.
@@ -248,14 +270,18 @@ class DraftHead(nn.Module):
         0.29 ms for the 3 rows of a tree level. Training (autograd) keeps torch's plain product.
         """
         kernels = getattr(self, "_specnb_kernels", None)
+        if self.lm_rows.dtype != torch.float32:  # a bfloat16 head (set_precision): float32 logits out
+            predicted = predicted.to(self.lm_rows.dtype)
         if kernels is None:
-            return predicted @ self.lm_rows.T
-        lm = self.__dict__.get("_lm_product")
-        if lm is None or lm.weight is not self.lm_rows:
-            lm = KernelLinear.over(self.lm_rows, kernels)
-            self.__dict__["_lm_product"] = lm  # bypasses Module.__setattr__: not a submodule
-        lm.kernels = kernels
-        return lm(predicted)
+            out = predicted @ self.lm_rows.T
+        else:
+            lm = self.__dict__.get("_lm_product")
+            if lm is None or lm.weight is not self.lm_rows:
+                lm = KernelLinear.over(self.lm_rows, kernels)
+                self.__dict__["_lm_product"] = lm  # bypasses Module.__setattr__: not a submodule
+            lm.kernels = kernels
+            out = lm(predicted)
+        return out if self.lm_rows.dtype == torch.float32 else out.float()
 
     @property
     def trainable_parameters(self) -> int:

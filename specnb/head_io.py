@@ -73,8 +73,13 @@ def find_head() -> Path:
         "(or `specnb train-draft`) to train one (about 45 minutes on 2 cores)")
 
 
-def load_head(target, folder: Path | None = None) -> tuple[DraftHead, dict]:
-    """Load a head for ``target``: check its card (format, target fingerprint) before the weights."""
+def load_head(target, folder: Path | None = None, precision: str | None = None) -> tuple[DraftHead, dict]:
+    """Load a head for ``target``: check its card (format, target fingerprint) before the weights.
+
+    The head runs on the target's kernels, in ``precision`` (float32, bfloat16, or auto: measured,
+    see :mod:`specnb.head_precision`; default ``$SPECNB_HEAD_PRECISION``, else auto). The choice and
+    how it was made are ``head.precision_label`` and ``head.precision_how``."""
+    from . import head_precision
     from safetensors.torch import load_file
 
     folder = Path(folder) if folder is not None else find_head()
@@ -93,15 +98,28 @@ def load_head(target, folder: Path | None = None) -> tuple[DraftHead, dict]:
         raise HeadUnavailableError(
             f"the draft head in {folder} was trained for another target (fingerprint "
             f"{card.get('target_fingerprint')} != this target's {fp}): run `make draft` to train one for it")
-    head = DraftHead(cfg)
+    head_precision.requested(precision)  # an unknown value stops here, before any work
     try:
         state = load_file(str(weights))
-        head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+        state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+        head = _build(cfg, state, target)
     except Exception as e:  # safetensors raises several types on truncated or foreign files
         raise HeadUnavailableError(f"the draft head's weights {weights} are missing or corrupt ({e}): "
                                    "run `make draft` to retrain it") from None
+    kernels = kernels_of(target)
+    name, how = head_precision.choose(head, lambda: _build(cfg, state, target), kernels, precision)
+    head.set_precision(head_precision.DTYPES[name])
+    head.precision_how = how
+    head.precision_label = f"{name} head ({how})"
+    return head, card
+
+
+def _build(cfg: HeadConfig, state: dict, target) -> DraftHead:
+    """A float32 head from ``state``, attached to ``target`` and on its kernels (one backend per run)."""
+    head = DraftHead(cfg)
+    head.load_state_dict(state)
     head.attach(target)
     head.eval()
     if kernels_of(target) is not None:
-        use_kernels(head, kernels_of(target))  # the target's kernels: one backend per run
-    return head, card
+        use_kernels(head, kernels_of(target), remember=False)
+    return head

@@ -200,7 +200,7 @@ class SampledHeadTree(HeadDraft):
             return Tree.empty(), qs
 
         def q_of(pred: torch.Tensor) -> torch.Tensor:
-            full = torch.full((vocab_size,), float("-inf"), dtype=pred.dtype)
+            full = torch.full((vocab_size,), float("-inf"))  # float32 whatever the head's precision
             full[vocab_ids] = self.head.logits(pred)
             return warp(full, params)
 
