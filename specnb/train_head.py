@@ -315,6 +315,26 @@ def evaluate(head: DraftHead, seqs: list[Sequence], depth: int, seq_len: int = 5
     return {"positions": total, "agree": agree, "chain": chain, "conditional": cond}
 
 
+@torch.no_grad()
+def same_first_drafts(head_a: DraftHead, head_b: DraftHead, seqs: list[Sequence], seq_len: int = 512) -> float:
+    """Share of the continuation positions (those :func:`evaluate` scores) where two heads draft the same
+    token at position 1: the same weights in two precisions, say (chapter 7)."""
+    same = total = 0
+    for s in seqs:
+        for a in range(0, len(s.tokens), seq_len):
+            b = min(a + seq_len, len(s.tokens))
+            start = max(s.prompt_len - 1 - a, 0)
+            last = b - a - 2  # as evaluate(..., depth=1): the label of position i is at i + 2
+            if b - a < 3 or last <= start:
+                continue
+            feats, tokens = s.features[None, a:b].float(), s.tokens[None, a:b]
+            pa, pb = (chained_forward(h, feats, tokens, 1)[0][0, start:last] for h in (head_a, head_b))
+            da, db = head_a.logits(pa).argmax(-1), head_b.logits(pb).argmax(-1)
+            same += int((head_a.vocab_ids[da] == head_b.vocab_ids[db]).sum())
+            total += len(da)
+    return same / max(total, 1)
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. Checkpoint: safetensors + card
 
@@ -338,7 +358,7 @@ def config_dict(cfg: TrainConfig, head: DraftHead) -> dict:
 
 
 __all__ = ["TrainConfig", "Sequence", "generate", "features", "teacher_docs", "draft_vocabulary", "chain_mask",
-           "chained_forward", "train", "evaluate", "save_head", "load_head", "find_head", "target_fingerprint",
+           "chained_forward", "train", "evaluate", "same_first_drafts", "save_head", "load_head", "find_head", "target_fingerprint",
            "HeadUnavailableError", "time", "field"]
 
 
