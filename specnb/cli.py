@@ -289,7 +289,7 @@ def _tree_bench(args) -> int:
     n_cal, n_rep, repeats = (1, 1, 1) if args.quick else (args.calibration, args.report, args.repeats)
     print(f"{target.label}; chapter 7's head; {args.max_new_tokens} new tokens; calibration {n_cal} and report "
           f"{n_rep} held-out prompts per kind, {repeats} pass(es)")
-    print(machine_line(target.model))
+    print(f"{machine_line(target.model)}; {head.precision_label} ({head.precision_how})")
     bench = tree_vs_chain(target.model, target.tokenizer, head, tuple(args.kinds), n_cal, n_rep,
                           args.max_new_tokens, repeats, default_settings(args.quick))
     print(bench.table())

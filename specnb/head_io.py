@@ -110,7 +110,7 @@ def load_head(target, folder: Path | None = None, precision: str | None = None) 
     name, how = head_precision.choose(head, lambda: _build(cfg, state, target), kernels, precision)
     head.set_precision(head_precision.DTYPES[name])
     head.precision_how = how
-    head.precision_label = f"{name} head ({how})"
+    head.precision_label = f"{name} head"  # for figure labels and printed lines
     return head, card
 
 
