@@ -296,6 +296,10 @@ def _tree_bench(args) -> int:
     for kind, r in bench.ratios().items():
         print(f"{kind}: dynamic tree / chain tokens per forward {r['tau_ratio_dynamic']:.2f}x; speedup "
               f"dynamic - chain {r['speedup_gain_dynamic']:+.2f}, best tree - chain {r['speedup_gain_best_tree']:+.2f}")
+    for kind, r in bench.reach().items():
+        print(f"{kind}, calibration: most tokens per forward from a dynamic tree: {r['setting']}, {r['tau']:.2f} "
+              f"({r['tau_ratio']:.2f}x the chosen chain's), speedup {r['speedup']:.2f} against the chain's "
+              f"{r['chain_speedup']:.2f}")
     runs = bench.calibration + bench.report
     identical = sum(r["identical"] for r in runs)
     print(f"{identical}/{len(runs)} runs identical to plain greedy")

@@ -90,7 +90,8 @@ The chapter 7 head is run on its target's kernels (``head_io.load_head``): its l
 the target's, and its logits over the reduced vocabulary (``lm_rows``, a buffer, not an
 ``nn.Linear``) through :meth:`KernelLinear.over`. Before that product was covered, it ran on MKL
 whatever the target used, and on the Zen 4 machine it was most of a head step (1.55 -> 0.40 ms
-for one row, 4.1 -> 0.59 ms for the three rows of a tree level, in the loaded head).
+for one row, 4.1 -> 0.59 ms for the three rows of a tree level, in the loaded head). Its weights may
+also run in bfloat16 on the same kernels, chosen by timing a head step (:mod:`specnb.head_precision`).
 
 Not covered: quantized int8 kernels, GPUs (nothing here runs on CUDA tensors; they keep
 torch's defaults), and autograd through packed weights (a layer whose weight needs a gradient

@@ -34,7 +34,8 @@ def tree_drafts(head) -> dict:
             "static 3-1-1": HeadTreeDraft(head, shape_from_branching((3, 1, 1)), name="head, static tree 3-1-1"),
             "static 2-2-1": HeadTreeDraft(head, shape_from_branching((2, 2, 1)), name="head, static tree 2-2-1"),
             "dynamic d3": HeadTreeDraft(head, depth=3, branch=2, width=2, name="head, dynamic tree depth 3"),
-            "dynamic d4": HeadTreeDraft(head, depth=4, branch=3, width=3, name="head, dynamic tree depth 4")}
+            "dynamic d4": HeadTreeDraft(head, depth=4, branch=3, width=3, name="head, dynamic tree depth 4"),
+            "dynamic d6": HeadTreeDraft(head, depth=6, branch=4, width=6, name="head, dynamic tree depth 6")}
 
 
 def default_settings(quick: bool = False) -> list[Setting]:
@@ -45,7 +46,8 @@ def default_settings(quick: bool = False) -> list[Setting]:
             + [Setting("static 3-1-1", n, tree=True) for n in (2, 3, 5, 9)]
             + [Setting("static 2-2-1", n, tree=True) for n in (6, 10)]
             + [Setting("dynamic d3", n, tree=True) for n in (2, 3, 4, 6)]
-            + [Setting("dynamic d4", n, tree=True) for n in (8, 12)])
+            + [Setting("dynamic d4", n, tree=True) for n in (8, 12)]
+            + [Setting("dynamic d6", 24, tree=True)])  # how far tokens per forward go when size is not the limit
 
 
 @dataclass
@@ -84,6 +86,22 @@ class TreeBench:
             out[kind] = {"tau_ratio_dynamic": dyn["tokens_per_round"] / chain["tokens_per_round"],
                          "speedup_gain_dynamic": dyn["speedup"] - chain["speedup"],
                          "speedup_gain_best_tree": best["speedup"] - chain["speedup"]}
+        return out
+
+    def reach(self) -> dict:
+        """Per kind, from the calibration runs: the dynamic setting with the most tokens per forward, its
+        tokens per forward over the chosen chain's (on the same prompts) and both speedups."""
+        cal = setting_rows(self.calibration)
+        out = {}
+        for kind, per_family in self.chosen.items():
+            chain = cal[(kind, per_family["chain"])]
+            dyn = [(label, r) for (k, label), r in cal.items() if k == kind and family(label) == "dynamic tree"]
+            if not dyn:
+                continue
+            label, top = max(dyn, key=lambda x: x[1]["tokens_per_round"])
+            out[kind] = {"setting": label, "tau": top["tokens_per_round"],
+                         "tau_ratio": top["tokens_per_round"] / chain["tokens_per_round"],
+                         "speedup": top["speedup"], "chain_speedup": chain["speedup"]}
         return out
 
 
