@@ -121,7 +121,10 @@ class HeadTreeDraft(HeadDraft):
                 new.append(len(tok) - 1)
             return new
 
-        shape = set(self.shape) if self.shape is not None else None
+        # A static tree grows only the first n_nodes paths of its shape (in depth and rank order, closed under
+        # ancestors): a level whose nodes would all be cut is never fed (3-1-1 at 5 nodes: one head
+        # forward after catch_up instead of two). A branch that ends in EOS leaves its slots empty.
+        shape = set(self.shape[:n_nodes]) if self.shape is not None else None
         max_depth = self.depth if shape is None else max(len(p) for p in shape)
 
         def wanted(prefix: tuple[int, ...]) -> list[int]:
@@ -134,6 +137,11 @@ class HeadTreeDraft(HeadDraft):
             grow = [c for c in frontier if tok[c] != eos and wanted(rank[c])]
             if shape is None:
                 grow = sorted(grow, key=lambda c: -score[c])[: self.width]
+                # A child scores at most its parent, so it can make the final cut only if fewer than
+                # n_nodes - 1 candidates already score above its parent (the parent is ahead of it too).
+                # Feeding the others would grow nodes the cut below always drops; skipping them keeps
+                # every node the cut would have kept and leaves their width to nodes that can still win.
+                grow = [c for c in grow if sum(x > score[c] for x in score) + 1 < n_nodes]
             if not grow:
                 break
             pred = feed_level(state, grow, lambda c: par[c], -1, lambda c: tok[c], lambda c: dep[c], feat, slot)

@@ -281,6 +281,49 @@ def test_dynamic_tree_keeps_the_best_scored_nodes(target, prompts, head):
     assert big.depth >= 2
 
 
+def _fresh_tree(head, hidden, ids, n_nodes, **kw):
+    draft = HeadTreeDraft(head, **kw)
+    draft.reset(None)
+    draft.observe(hidden)
+    tree = draft.propose_tree(ids, n_nodes)
+    return tree, draft.state.forwards
+
+
+def test_static_tree_grows_only_the_nodes_it_keeps(target, prompts, head):
+    """A static tree cut to n nodes is the first n nodes of the whole shape, and a level whose nodes would
+    all be cut is never fed: 3-1-1 needs catch_up alone for 3 nodes, one more forward for 4-6, two for 7-9."""
+    from specnb.cache import forward_features
+
+    ids = prompts[4]
+    _, hidden = forward_features(target, ids[:-1], new_cache(target))
+    shape = shape_from_branching((3, 1, 1))
+    whole, _ = _fresh_tree(head, hidden, ids, 9, shape=shape)
+    for n in range(1, 10):
+        tree, forwards = _fresh_tree(head, hidden, ids, n, shape=shape)
+        assert tree.tokens == whole.tokens[:n] and tree.parents == whole.parents[:n], n
+        assert forwards == 1 + (n > 3) + (n > 6), (n, forwards)
+
+
+def test_dynamic_tree_skips_nodes_whose_children_cannot_be_kept(target, prompts, head, monkeypatch):
+    """Pruning the levels of a dynamic tree never loses a node worth keeping: with a budget of 2 the tree
+    is the top 2 nodes by score whatever is fed, and at most as many rows are fed as without pruning."""
+    from specnb.cache import forward_features
+    from specnb.head import HeadState
+
+    ids = prompts[4]
+    _, hidden = forward_features(target, ids[:-1], new_cache(target))
+    fed = []
+    real_grow = HeadState.grow
+    monkeypatch.setattr(HeadState, "grow", lambda self, f, tokens, *a: fed.append(len(tokens)) or real_grow(
+        self, f, tokens, *a))
+    small, forwards = _fresh_tree(head, hidden, ids, 2, depth=4, branch=3, width=3)
+    big, _ = _fresh_tree(head, hidden, ids, 12, depth=4, branch=3, width=3)
+    assert small.size == 2 and forwards <= 2 and sum(fed[:forwards - 1]) <= 1, fed  # one row at most
+    # the two best nodes: the head's top root child, then the better of its second root child and its top
+    # grandchild; a big budget keeps both as well
+    assert small.tokens[0] == big.tokens[0] and set(small.tokens) <= set(big.tokens)
+
+
 def test_lookup_tree_branches_on_several_matches():
     d = LookupTreeDraft(max_ngram=2, min_ngram=1, branches=3)
     d.reset(None)
