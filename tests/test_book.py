@@ -160,3 +160,25 @@ def test_fence_checker_catches_a_solution_closed_too_short():
 def test_exercise_hint_and_solution_fences_are_balanced(path):
     text = "\n\n".join(markdown_cells(path)) if path.suffix == ".ipynb" else path.read_text()
     assert fence_errors(text) == []
+
+
+GLUE_KEY = re.compile(r'\b(?:g|glue)\("([A-Za-z0-9_]+)"')
+
+
+def glue_key_repeats(cells: list[str]) -> dict[str, int]:
+    """Glue keys set more than once by literal ``g("key", ...)`` / ``glue("key", ...)`` calls: myst-nb warns
+    on a duplicate, and the page then shows one of the values without saying which."""
+    counts: dict[str, int] = {}
+    for src in cells:
+        for m in GLUE_KEY.finditer(src):
+            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return {k: n for k, n in counts.items() if n > 1}
+
+
+def test_glue_key_check_catches_a_repeat():
+    assert glue_key_repeats(['g("a", 1)\nglue("b", fig)', 'g("a", Words("x"))']) == {"a": 2}
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_each_glue_key_is_set_once(path):
+    assert not glue_key_repeats(code_cells(path)), "rename one of the glue keys"
