@@ -16,14 +16,13 @@ specnb cache (``head_precision.json``), like the kernels' own choice.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import numpy as np
 import torch
 
-from .kernels import Kernels, onednn_supports
+from .kernels import Kernels, measured_once, onednn_supports
 
 ENV = "SPECNB_HEAD_PRECISION"
 CHOICES = ("auto", "float32", "bfloat16")
@@ -123,21 +122,10 @@ def choose(head, twin_factory, kernels: Kernels | None, precision: str | None = 
         return "float32", "auto: oneDNN has no bfloat16 path on this CPU (it needs AVX-512 or AVX-NE-CONVERT)"
     if kernels is None or kernels.backend == "mkl":
         return "float32", "auto: the target runs MKL kernels, which have no fast bfloat16 product here"
-    key = machine_key(head, kernels)
-    path = _cache_file()
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    entry = saved.get(key)
-    if entry is None or remeasure:
-        twin = twin_factory().set_precision(torch.bfloat16)
-        medians = measure(head, twin)
-        entry = {"choice": decide(medians), "medians_ms": medians}
-        saved[key] = entry
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(saved, indent=1) + "\n")
-        except OSError:
-            pass  # a read-only cache: measure again next time
+
+    def timed() -> dict:
+        medians = measure(head, twin_factory().set_precision(torch.bfloat16))
+        return {"choice": decide(medians), "medians_ms": medians}
+
+    entry = measured_once(_cache_file(), machine_key(head, kernels), timed, remeasure)
     return entry["choice"], f"auto (head step float32 -> bfloat16: {_timings(entry['medians_ms'])})"

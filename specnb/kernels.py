@@ -523,6 +523,28 @@ def decide(curves: dict, allowed=("mkl", "onednn", "mixed")) -> tuple[str, int]:
     return ("onednn", 1) if start == ns[0] else ("mixed", start)
 
 
+def measured_once(path, key: str, measure, remeasure: bool = False) -> dict:
+    """``path``'s JSON entry for ``key`` (a machine), or ``measure()`` now, stored there atomically.
+
+    The one cache of per-machine measurements: the kernels' curves here, the head's precision
+    (:mod:`specnb.head_precision`). A cache that cannot be written is measured again next time."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    if key in saved and not remeasure:
+        return saved[key]
+    saved[key] = entry = measure()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        tmp.write_text(json.dumps(saved, indent=1) + "\n")
+        tmp.replace(path)
+    except OSError:
+        pass
+    return entry
+
+
 def choose_for(model: torch.nn.Module, allowed=("mkl", "onednn", "mixed"), remeasure: bool = False) -> Kernels:
     """auto: the kernels for ``model`` on this machine, from the cache or measured now (and cached)."""
     if not onednn_available():
@@ -531,24 +553,16 @@ def choose_for(model: torch.nn.Module, allowed=("mkl", "onednn", "mixed"), remea
         return make("mkl", how=f"nothing to choose: {type(model).__name__} has no nn.Linear layers "
                                "(GPT-2 uses its own Conv1D), so torch's default kernels run it")
     key = machine_key(model)
-    path = _cache_file()
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    entry = saved.get(key)
-    if entry is None or remeasure:
+
+    def timed() -> dict:
         t0 = time.perf_counter()
         print(f"specnb kernels: timing MKL and oneDNN on this machine once ({key}) ...", file=sys.stderr)
         stats = {}
         curves = measure_curves(model, budget_s=AUTO_BUDGET_S, stats=stats)
-        entry = {"curves": curves, "seconds": round(time.perf_counter() - t0, 1), **stats,
-                 "measured": time.strftime("%Y-%m-%d %H:%M")}
-        saved[key] = entry
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial")
-        tmp.write_text(json.dumps(saved, indent=1))
-        tmp.replace(path)
+        return {"curves": curves, "seconds": round(time.perf_counter() - t0, 1), **stats,
+                "measured": time.strftime("%Y-%m-%d %H:%M")}
+
+    entry = measured_once(_cache_file(), key, timed, remeasure)
     curves = {b: {int(n): ms for n, ms in c.items()} for b, c in entry["curves"].items()}
     backend, start = decide(curves, allowed)
     t = {b: ", ".join(f"{c[n]:.1f}" for n in sorted(c)) for b, c in curves.items()}
