@@ -247,9 +247,8 @@ class DraftHead(nn.Module):
     def set_precision(self, dtype: torch.dtype) -> "DraftHead":
         """Run the head's weights (fc, the layer, the norms) and ``lm_rows`` in ``dtype`` (float32 or bfloat16).
 
-        A head step reads about 36 MB of float32 weights for 2 x 576 x (576 + 2 x 4608 + ...) multiply-adds:
-        memory-bound, so halving the bytes is what makes it cheaper (``head_io.choose_precision`` measures
-        it). The shared token embedding and the rotary frequencies stay float32 (the rows it gathers are
+        A head step reads about 36 MB of float32 weights to produce one to three rows: memory-bound, so
+        halving the bytes is what makes it cheaper (:func:`specnb.head_precision.choose` measures it). The shared token embedding and the rotary frequencies stay float32 (the rows it gathers are
         cast); inputs are cast at the start of :meth:`forward` and :meth:`logits` returns float32 logits, so
         callers see the same types either way. Training keeps float32 weights (bfloat16 autocast).
         Exactness never depends on it: the target verifies every draft."""
