@@ -159,7 +159,8 @@ def naive_speedup(a, k, draft_speedup):
 
     With ``draft_speedup = 1/c`` it is (1 + k*a)/(1 + k*a*c). It counts k*a accepted
     tokens (as if a rejection did not end the round) and charges the draft only
-    for accepted tokens, the verify pass not at all; at a = 0 it predicts 1x where
+    for accepted tokens; the verify pass it charges one target forward (the 1 of its
+    denominator), as the simple model does. At a = 0 it predicts 1x where
     a useless draft costs k*c extra per token. Chapter 5 shows it against measurement.
     """
     a = np.asarray(a, dtype=float)

@@ -89,21 +89,29 @@ def acceptance_by_position(results: dict, rows: list[Row] | None = None):
 
 
 def speedup_vs_k(results: dict, rows: list[Row] | None = None):
-    """Measured speedup over plain greedy against k (pooled; bars: quartiles of the per-run speedups)."""
+    """Measured speedup over plain greedy against k: the pooled speedup (markers and line) and, as an
+    interval of its own, the range over the configuration's prompts of each prompt's median speedup
+    over its repeats (:attr:`specnb.sweep.Row.speedup_lo` to ``speedup_hi``; none where one prompt ran).
+    The pooled point need not lie inside that range."""
     rows = rows or summarize(results)
     n_drafts = len(results["config"]["drafts"])
 
     def draw(ax, j, draft, kind, label):
         sel = _select(rows, draft, kind)
         ks = np.array([r.k for r in sel]) + (j - n_drafts / 2) * 0.08
-        y = np.array([r.speedup for r in sel])
-        err = [np.maximum(y - [r.speedup_q1 for r in sel], 0), np.maximum([r.speedup_q3 for r in sel] - y, 0)]
-        ax.errorbar(ks, y, yerr=err, marker=MARKERS[j], capsize=3, label=label)
+        line, = ax.plot(ks, [r.speedup for r in sel], marker=MARKERS[j], label=label)
+        ranged = [(x, r) for x, r in zip(ks, sel) if r.n_prompts > 1]
+        if ranged:
+            xs = [x for x, _ in ranged]
+            lo, hi = [r.speedup_lo for _, r in ranged], [r.speedup_hi for _, r in ranged]
+            ax.vlines(xs, lo, hi, color=line.get_color(), linewidth=1.2)
+            ax.plot(xs + xs, lo + hi, linestyle="none", marker="_", markersize=7, color=line.get_color())
         if j == 0:
             ax.axhline(1, color="black", linewidth=1, linestyle=":")
 
     return _kind_panels(results, rows, draw, "Wall-clock speedup against k (1 = plain greedy)",
-                        "speedup over plain greedy (x)", "k (drafted per round)", results["config"]["ks"])
+                        "speedup over plain greedy (x)", "k (drafted per round)", results["config"]["ks"],
+                        "bars: range over prompts of\neach prompt's median speedup")
 
 
 def cost_ratios(results: dict, rows: list[Row] | None = None):

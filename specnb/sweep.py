@@ -20,9 +20,15 @@ Definitions used throughout (per configuration, summed over its runs):
 * a: accepted / verified drafts, a draft counting as verified when every draft
   before it in its round was accepted (Leviathan et al.'s per-token acceptance);
 * a_i, acceptance by position: P(draft i accepted | drafts 1..i-1 accepted);
-* c: draft time per round / (k * T1), T1 the paired greedy runs' time per token;
-* speedup: greedy time per token / speculative time per token, prefill excluded
-  from both (it is the same work in both loops).
+* c: draft time per round / (k * T1), T1 the paired greedy runs' time per token. The draft
+  time includes a model draft's feed of the whole prompt into its own cache in round 1, and
+  a round cut short by the budget or EOS (fewer than k drafted) is still divided by k;
+* speedup: greedy time per token / speculative time per token, the target's prefill excluded
+  from both (the same work in both loops; a model draft's own prompt feed is not excluded:
+  it lands in round 1's draft time);
+* the speedup's range: per prompt the median over its repeats, then the lowest and the
+  highest of those medians over the configuration's prompts (:attr:`Row.speedup_lo`,
+  :attr:`Row.speedup_hi`; no range from a single prompt).
 
 Not covered: sampling mode (chapter 6), batches, and drafts that need training.
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -249,11 +256,15 @@ class Row:
     c: float  # median over runs
     verify_cost: float  # mean over rounds of T(m+1)/T(1), m = tokens drafted that round (measured curve)
     speedup: float  # pooled: greedy time for these tokens / speculative time
-    speedup_q1: float  # quartiles of the per-run speedups
-    speedup_q3: float
+    speedup_q1: float  # quartiles of the per-run speedups (runs are repeats nested in prompts; the book
+    speedup_q3: float  # shows speedup_lo/hi instead)
     repeat_spread: float  # median over prompts of (max - min) / median of the speedup across repeats
     predicted: dict = field(default_factory=dict)  # model name -> predicted speedup
     drafted_hist: list = field(default_factory=list)  # drafted_hist[m]: rounds that drafted m tokens
+    # per prompt the median speedup over its repeats; lo/hi: the lowest and highest of those medians
+    speedup_lo: float = float("nan")
+    speedup_hi: float = float("nan")
+    n_prompts: int = 0  # prompts the configuration ran on (no range where 1)
 
 
 def _nanratio(num, den) -> list[float]:
@@ -289,6 +300,8 @@ def summarize(results: dict, pool_kinds: bool = True) -> list[Row]:
                   float(np.percentile(speedups, 25)), float(np.percentile(speedups, 75)),
                   float(np.median(spreads)) if spreads else float("nan"))
         row.drafted_hist = hist.astype(int).tolist()
+        medians = [float(np.median(v)) for v in by_prompt.values()]
+        row.speedup_lo, row.speedup_hi, row.n_prompts = min(medians), max(medians), len(medians)
         row.predicted = {
             "simple": float(speedup(a, c, k)),
             "refined": refined_speedup(survival, c, k, verify_cost),
@@ -297,6 +310,32 @@ def summarize(results: dict, pool_kinds: bool = True) -> list[Row]:
         rows.append(row)
     rows.sort(key=lambda r: (r.draft, r.kind, r.k))
     return rows
+
+
+def _hypergeom_pmf(x: int, n1: int, n2: int, m: int) -> float:
+    return math.comb(n1, x) * math.comb(n2, m - x) / math.comb(n1 + n2, m)
+
+
+def position_test(runs: list[dict], draft: str, k: int) -> dict:
+    """Is acceptance at draft positions 2..k different from position 1? Counts pooled over ``runs``
+    of ``draft`` at ``k`` (all kinds): a_1 = accepts / attempts at position 1, ``later`` = accepts /
+    attempts summed over positions 2..k, and Fisher's exact test of the 2x2 table (accepted,
+    rejected) x (position 1, positions 2..k), two-sided (twice the smaller one-sided tail, at
+    most 1). ``p_value`` is nan when either group was never verified."""
+    sel = [r for r in runs if r["draft"] == draft and r["k"] == k]
+    attempts, accepts = pooled_positions(sel)
+    n1, x1 = int(attempts[0]), int(accepts[0])
+    n2, x2 = int(attempts[1:].sum()), int(accepts[1:].sum())
+    out = {"a1": x1 / n1 if n1 else float("nan"), "later": x2 / n2 if n2 else float("nan"),
+           "n1": n1, "x1": x1, "n_later": n2, "x_later": x2, "p_value": float("nan")}
+    if n1 and n2:
+        m = x1 + x2  # accepted in all; under the null, x1 is hypergeometric
+        lo, hi = max(0, m - n2), min(n1, m)
+        pmf = {x: _hypergeom_pmf(x, n1, n2, m) for x in range(lo, hi + 1)}
+        p_low = sum(v for x, v in pmf.items() if x <= x1)
+        p_high = sum(v for x, v in pmf.items() if x >= x1)
+        out["p_value"] = float(min(1.0, 2 * min(p_low, p_high)))
+    return out
 
 
 def calibration_prompts(config: SweepConfig, kind: str, n: int = 1) -> list:
@@ -367,12 +406,15 @@ def errors_by(rows: list[Row], model: str, key) -> dict:
 
 
 def rows_markdown(rows: list[Row], columns=("acceptance_rate", "a", "tokens_per_round", "c", "speedup")) -> str:
-    """A markdown table of rows (the book renders it; also readable as text)."""
+    """A markdown table of rows (the book renders it; also readable as text). The speedup column is the
+    pooled speedup with, in brackets, the range over the configuration's prompts of each prompt's
+    median speedup (none from a single prompt)."""
     from .booktext import table
 
     def fmt(r: Row, col: str) -> str:
         v = getattr(r, col)
-        return (f"{v:.2f}x ({r.speedup_q1:.2f}-{r.speedup_q3:.2f})" if col == "speedup"
+        return ((f"{v:.2f}x ({r.speedup_lo:.2f}-{r.speedup_hi:.2f})" if r.n_prompts > 1 else f"{v:.2f}x")
+                if col == "speedup"
                 else f"{v:.3f}" if col == "c" else f"{v:.2f}")
 
     return table(["draft", "kind", "k"] + [c.replace("_", " ") for c in columns] + ["runs identical"],

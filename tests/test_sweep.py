@@ -1,11 +1,13 @@
 """The sweep of chapter 4: record bookkeeping, a tiny real sweep, JSON round trip, the CLI and plots."""
 import json
 
+import numpy as np
 import pytest
 
 from specnb import cli
 from specnb.decode import DecodeResult, RoundStats
-from specnb.sweep import SweepConfig, load_results, run_record, run_sweep, save_results, summarize, verify_costs
+from specnb.sweep import (SweepConfig, load_results, position_test, run_record, run_sweep, save_results, summarize,
+                          verify_costs)
 
 
 def _result(rounds):
@@ -51,6 +53,14 @@ def test_tiny_sweep_is_exact_and_consistent(tiny_sweep, tmp_path):
         assert row.runs == (4 if row.kind == "all" else 2)
         assert set(row.predicted) == {"simple", "refined", "naive"}
         assert row.speedup_q1 <= row.speedup_q3
+        # the book's range: per prompt the median over its repeats, then min and max over prompts
+        sel = [r for r in runs if r["draft"] == row.draft and r["k"] == row.k and row.kind in (r["kind"], "all")]
+        medians = {}
+        for r in sel:
+            medians.setdefault((r["kind"], r["prompt"]), []).append(r["speedup"])
+        medians = [float(np.median(v)) for v in medians.values()]
+        assert row.n_prompts == len(medians)
+        assert (row.speedup_lo, row.speedup_hi) == (min(medians), max(medians))
     exit_rows = [r for r in rows if r.draft == "exit2"]
     assert all(r.c > 0.02 for r in exit_rows)  # a 2-layer model still runs the full LM head: c is not 0
     # JSON round trip keeps everything.
@@ -159,3 +169,20 @@ def test_results_from_other_kernels_are_not_reused(tiny_sweep, tmp_path):
     assert reusable(results, SweepConfig(**results["config"])) is None
     results["machine"]["kernels"] = "some other kernels"
     assert "different kernels" in reusable(results, SweepConfig(**results["config"]))
+
+
+def _position_runs(first, later):
+    """Fabricated runs of one draft at k = 3: (accepted, attempts) at position 1 and at positions 2..3."""
+    return [{"draft": "d", "k": 3, "attempts": [first[1], later[1], 0], "accepts": [first[0], later[0], 0]},
+            {"draft": "other", "k": 3, "attempts": [50, 50, 50], "accepts": [0, 50, 50]}]
+
+
+def test_position_test_pools_counts_and_matches_fisher():
+    # Fisher's tea-tasting table (3, 1 / 1, 3): two-sided p = 34/70
+    t = position_test(_position_runs((3, 4), (1, 4)), "d", 3)
+    assert (t["n1"], t["x1"], t["n_later"], t["x_later"]) == (4, 3, 4, 1)
+    assert t["a1"] == 0.75 and t["later"] == 0.25
+    assert t["p_value"] == pytest.approx(34 / 70)
+    assert position_test(_position_runs((10, 20), (10, 20)), "d", 3)["p_value"] == pytest.approx(1.0)
+    assert position_test(_position_runs((5, 50), (45, 50)), "d", 3)["p_value"] < 1e-6
+    assert np.isnan(position_test(_position_runs((1, 2), (0, 0)), "d", 3)["p_value"])
