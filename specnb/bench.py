@@ -81,7 +81,7 @@ def baseline_vs_generate(model, tokenizer, prompts: list[Prompt], max_new_tokens
     specnb runs on the model's own kernels (:mod:`specnb.kernels`). ``generate_kernels=None`` runs
     ``generate`` on the same kernels (the two loops' cost alone); ``"default"`` runs it as
     transformers leaves a model: torch's default GEMM (MKL) and transformers' own SDPA call, which
-    copies the KV heads (what a user of ``generate`` gets); ``"mkl"``/``"onednn"``/``"mixed"`` name
+    copies the KV heads whenever it passes a mask, as in a verify (what a user of ``generate`` gets); ``"mkl"``/``"onednn"``/``"mixed"`` name
     a GEMM library with specnb's attention.
     """
     eos = tokenizer.eos_token_id
@@ -235,6 +235,18 @@ def _verified(drafted: list[int], accepted: list[int]) -> int:
     return sum(min(n + 1, m) for m, n in zip(drafted, accepted))
 
 
+def budget_free_rounds(rounds, k: int, max_new_tokens: int) -> int:
+    """How many leading rounds of a specnb run drafted without the token budget binding: specnb drafts
+    ``min(k, budget - 1)`` while transformers drafts k (and crops afterwards), so only these rounds are
+    comparable one to one. ``rounds``: the run's :class:`~specnb.decode.RoundStats`."""
+    emitted = 0
+    for j, r in enumerate(rounds):
+        if max_new_tokens - emitted - 1 < k:
+            return j
+        emitted += r.emitted
+    return len(rounds)
+
+
 @dataclass
 class SideBySide:
     """One specnb draft against one transformers method at one k, on the same prompts, timed alternately."""
@@ -250,6 +262,13 @@ class SideBySide:
                                                   for side in ("specnb", "hf")})
     draft_seconds: float = 0.0  # specnb's time in propose(), summed
     greedy_per_token: list = field(default_factory=list)
+    rounds: dict = field(default_factory=lambda: {"specnb": [], "hf": []})  # per run: [(drafted, accepted), ...]
+    budget_free: list = field(default_factory=list)  # per run: :func:`budget_free_rounds` of specnb's run
+
+    def same_rounds(self) -> bool:
+        """Whether, in every run, both loops drafted and accepted the same numbers of tokens in every round
+        before the token budget bound specnb's draft (those after it may differ)."""
+        return all(s[:n] == h[:n] for s, h, n in zip(self.rounds["specnb"], self.rounds["hf"], self.budget_free))
 
     def acceptance(self, side: str) -> float:
         """accepted / drafted for ``side`` ("specnb" or "hf")."""
@@ -281,7 +300,7 @@ class SideBySide:
 
 def side_by_side(model, tokenizer, draft: Draft, method: str, prompts: list[Prompt], k: int, max_new_tokens: int = 48,
                  repeats: int = 1, kind: str = "", early_exit: int | None = None, progress: bool = True,
-                 rollback_mode: str = "exact") -> SideBySide:
+                 rollback_mode: str = "exact", max_ngram: int = 2) -> SideBySide:
     """Time specnb's loop with ``draft`` against transformers' ``method`` on ``prompts``, each against its greedy.
 
     Per prompt and repeat, four runs in a rotating order: specnb greedy,
@@ -289,6 +308,8 @@ def side_by_side(model, tokenizer, draft: Draft, method: str, prompts: list[Prom
     output must equal specnb's plain greedy tokens to count as identical. For
     ``assistant_model`` the assistant is ``draft.model``, so both loops run the
     same draft model; for ``assistant_early_exit``, ``early_exit`` layers.
+    ``max_ngram`` is transformers' ``max_matching_ngram_size`` for ``prompt_lookup`` (give the
+    specnb side ``HFPromptLookupDraft(max_ngram=...)`` with the same n to compare one rule).
     ``rollback_mode`` other than ``"exact"`` breaks specnb's loop on purpose (negative control).
     """
     eos = tokenizer.eos_token_id
@@ -310,7 +331,7 @@ def side_by_side(model, tokenizer, draft: Draft, method: str, prompts: list[Prom
             elif which == 2:
                 spec = speculative_greedy(model, draft, ids, k, max_new_tokens, eos, rollback_mode=rollback_mode)
             else:
-                theirs = hf_speculative(model, ids, method, k, max_new_tokens, eos, assistant, early_exit)
+                theirs = hf_speculative(model, ids, method, k, max_new_tokens, eos, assistant, early_exit, max_ngram)
         res.runs += 1
         res.identical += spec.tokens == theirs.tokens == theirs_greedy == base.tokens
         res.tps["specnb"].append(spec.tokens_per_second)
@@ -319,6 +340,7 @@ def side_by_side(model, tokenizer, draft: Draft, method: str, prompts: list[Prom
         res.tps["hf greedy"].append(len(theirs_greedy) / hf_greedy_s)
         res.greedy_per_token.append(base.wall_time / len(base.tokens))
         res.draft_seconds += spec.t_draft
+        res.budget_free.append(budget_free_rounds(spec.rounds, k, max_new_tokens))
         for side, drafted, accepted in (("specnb", [x.drafted for x in spec.rounds], [x.accepted for x in spec.rounds]),
                                         ("hf", theirs.drafted, theirs.accepted)):
             cnt = res.counts[side]
@@ -326,6 +348,7 @@ def side_by_side(model, tokenizer, draft: Draft, method: str, prompts: list[Prom
             cnt["accepted"] += sum(accepted)
             cnt["verified"] += _verified(drafted, accepted)
             cnt["rounds"] += len(drafted)
+            res.rounds[side].append(list(zip(drafted, accepted)))
     return res
 
 

@@ -22,7 +22,9 @@ def _hf_rule(ids, k, eos=None, max_ngram=2):
     return out[0, len(ids):].tolist()
 
 
-def test_hf_rule_is_transformers_rule_on_random_sequences():
+@pytest.mark.parametrize("max_ngram", [1, 2, 3])
+def test_hf_rule_is_transformers_rule_on_random_sequences(max_ngram):
+    # the same n on both sides: HFPromptLookupDraft(max_ngram=n) and max_matching_ngram_size=n
     gen = torch.Generator().manual_seed(0)
     differs_from_specnb = 0
     for trial in range(400):
@@ -30,13 +32,13 @@ def test_hf_rule_is_transformers_rule_on_random_sequences():
         ids = torch.randint(0, vocab, (int(torch.randint(2, 30, (1,), generator=gen)),), generator=gen).tolist()
         k = 1 + trial % 7
         eos = trial % vocab if trial % 3 == 0 else None
-        draft = HFPromptLookupDraft()
+        draft = HFPromptLookupDraft(max_ngram=max_ngram)
         draft.reset(eos)
-        assert draft.propose(ids, k) == _hf_rule(ids, k, eos), (ids, k, eos)
+        assert draft.propose(ids, k) == _hf_rule(ids, k, eos, max_ngram), (ids, k, eos, max_ngram)
         ours = PromptLookupDraft()
         ours.reset(eos)
         differs_from_specnb += ours.propose(ids, k) != draft.propose(ids, k)
-    assert differs_from_specnb > 50, "the two rules should differ often (first vs most recent match, n<=2 vs 3)"
+    assert differs_from_specnb > 50, "the two rules should differ often (first vs most recent match, n<=max_ngram vs 3)"
 
 
 def test_hf_rule_first_match_and_eos():
@@ -114,6 +116,7 @@ def test_side_by_side_checks_outputs_and_catches_a_broken_loop(target, name):
         good = side_by_side(target, _Tok(), draft, method, prompts, 3, N, kind="t", early_exit=layers,
                             progress=False)
         assert good.identical == good.runs == 2
+        assert good.same_rounds() and all(n >= 1 for n in good.budget_free)  # same proposals, round by round
         assert good.counts["specnb"]["drafted"] > good.counts["specnb"]["accepted"] >= 0
         assert good.acceptance("specnb") == pytest.approx(good.acceptance("hf"))  # same rule/draft on both sides
         bad = side_by_side(target, _Tok(), draft, method, prompts, 3, N, kind="t", early_exit=layers,
@@ -121,6 +124,16 @@ def test_side_by_side_checks_outputs_and_catches_a_broken_loop(target, name):
         assert bad.identical < bad.runs, "a loop that skips the cache rollback must be caught"
     text = table_markdown([good])
     assert "| t |" in text and f"{good.identical}/{good.runs}" in text
+
+
+@pytest.mark.parametrize("max_ngram", [1, 3])
+def test_side_by_side_passes_max_ngram(target, max_ngram):
+    """side_by_side hands max_ngram to transformers' rule: with the same n on both sides, the same rounds."""
+    prompts = [Prompt("code", "abcabcabd abcabc xyzxyz abc abd abcab")]
+    good = side_by_side(target, _Tok(), HFPromptLookupDraft(max_ngram=max_ngram), "prompt_lookup", prompts, 3, N,
+                        kind="t", progress=False, max_ngram=max_ngram)
+    assert good.identical == good.runs == 1 and good.same_rounds()
+    assert good.counts["specnb"]["drafted"] > 0
 
 
 def test_bad_input():
