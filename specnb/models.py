@@ -141,6 +141,19 @@ def _converted_dir() -> Path:
     return cache_dir() / "smollm2-135m-instruct-q4_1-dequantized"
 
 
+def _dequantized_config(config):
+    """``config`` without the GGUF ``quantization_config`` it inherits from the GGUF load.
+
+    The converted weights are plain float tensors, but a config that still names GGUF makes
+    transformers attach its GGUF quantizer at every load (and warn, under bfloat16, that "the weights
+    stay quantized", which they are not). Caches converted before this fix still carry the entry, so
+    it is dropped at load time too. The entry is not among what ``head_io.target_fingerprint`` hashes.
+    """
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    return config
+
+
 def convert_offline_target(force: bool = False) -> Path:
     """Dequantize the GGUF once and save it as safetensors (about 20 s on 2 cores).
 
@@ -155,7 +168,7 @@ def convert_offline_target(force: bool = False) -> Path:
     path = gguf_path()
     gguf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = type(gguf_model)(gguf_model.config)
+    model = type(gguf_model)(_dequantized_config(gguf_model.config))
     model.load_state_dict(gguf_model.state_dict())
     model.generation_config = gguf_model.generation_config
     tmp = out.with_name(out.name + ".partial")
@@ -186,11 +199,12 @@ def _quiet_loading():
 
 def load_offline_target(dtype: torch.dtype = torch.float32) -> LoadedModel:
     """SmolLM2-135M-Instruct from the offline GGUF, via the safetensors cache."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder = convert_offline_target()
+    config = _dequantized_config(AutoConfig.from_pretrained(folder))
     with _quiet_loading():
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype, use_safetensors=True)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()
     use_kernels(model)

@@ -111,14 +111,26 @@ def round_html(view: RoundView, tokenizer) -> str:
     return "".join(parts)
 
 
-def rounds_html(views: list[RoundView], tokenizer, prompt_text: str = "", upto: int | None = None) -> str:
-    """The whole run (or its first ``upto`` rounds) as HTML, with running counts."""
+def forwards_saved(views: list[RoundView], prefill: bool = True) -> tuple[int, int, int]:
+    """(speculative target forwards, plain greedy's, saved) for the tokens of ``views``, prefill included
+    on both sides. Plain greedy's prefill emits its first token, so it needs one forward per token; the
+    speculative loop prefills all but the prompt's last token (``prefill``: the prompt had more than one
+    token, as :func:`specnb.decode.speculative_greedy` counts it) and then needs one forward per round."""
+    tokens = sum(len(v.accepted) + (v.target_token is not None) for v in views)
+    spec = len(views) + int(prefill)
+    return spec, tokens, tokens - spec
+
+
+def rounds_html(views: list[RoundView], tokenizer, prompt_text: str = "", upto: int | None = None,
+                prefill: bool = True) -> str:
+    """The whole run (or its first ``upto`` rounds) as HTML, with running counts (``prefill``: see
+    :func:`forwards_saved`)."""
     shown = views if upto is None else views[:upto]
-    tokens = sum(len(v.accepted) + (v.target_token is not None) for v in shown)
+    spec, tokens, saved = forwards_saved(shown, prefill)
     body = "".join(round_html(v, tokenizer) + '<span style="color:#999">|</span>' for v in shown)
-    counts = (f"{len(shown)} rounds (target forwards), {tokens} tokens: "
-              f"{tokens / max(len(shown), 1):.2f} tokens per round; plain greedy would have used "
-              f"{tokens} target forwards, so {tokens - len(shown)} were saved")
+    counts = (f"{len(shown)} rounds, {tokens} tokens: {tokens / max(len(shown), 1):.2f} tokens per round; "
+              f"{spec} target forwards{' with the prefill' if prefill else ''}, where plain greedy would have "
+              f"used {tokens} (prefill included on both sides), so {saved} were saved")
     prompt = f'<span style="color:#666;white-space:pre-wrap">{html.escape(prompt_text)}</span>' if prompt_text else ""
     return (f'<div style="font-family:monospace;font-size:13px;line-height:1.7">{legend_html()}<br>'
             f"{prompt}{body}<br><i>{counts}</i></div>")

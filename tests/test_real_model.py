@@ -32,6 +32,24 @@ def test_offline_model_is_what_the_book_says(real):
     cfg = real.model.config
     assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == ("llama", 30, 576, 49152)
     assert "GGUF dequantized" in real.label
+    # plain float tensors: the GGUF quantization_config is dropped at load (transformers would otherwise attach its
+    # GGUF quantizer and warn that "the weights stay quantized"); it is not part of the draft head's fingerprint
+    assert getattr(cfg, "quantization_config", None) is None and getattr(real.model, "hf_quantizer", None) is None
+    assert "quantization_config" not in cfg.to_dict()
+
+
+def test_dequantized_config_drops_only_the_quantization_config():
+    from transformers import LlamaConfig
+
+    from specnb.models import _dequantized_config
+
+    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    cfg.quantization_config = {"quant_method": "gguf", "dequantize": False}
+    before = {k: v for k, v in cfg.to_dict().items() if k != "quantization_config"}
+    out = _dequantized_config(cfg)
+    assert out is cfg and getattr(cfg, "quantization_config", None) is None
+    assert cfg.to_dict() == before
+    assert _dequantized_config(cfg) is cfg  # no entry: nothing to drop
 
 
 def test_speculative_equals_greedy_on_real_prompts(real_on):

@@ -25,6 +25,14 @@ def test_trace_matches_the_run(target, noisy_draft_model, prompts):
     page = rounds_html(views, IdTokenizer())
     assert page.count('title="rejected"') == sum(v.rejected is not None for v in views) + 1  # + legend
     assert f"{len(views)} rounds" in page
+    # prefill included on both sides: plain greedy's forwards are its tokens, the speculative run's its
+    # rounds plus the prefill
+    plain = greedy(target, prompts[3], 24)
+    assert plain.target_forwards == len(plain.tokens)
+    assert result.target_forwards == len(result.rounds) + 1
+    saved = plain.target_forwards - result.target_forwards
+    assert f"{result.target_forwards} target forwards with the prefill" in page
+    assert f"so {saved} were saved" in page
 
 
 def test_every_plot_helper_returns_its_figure():
