@@ -241,11 +241,15 @@ def test_greedy_step_view_shows_rounds(site, browser_context):
     """Chapter 2's static step view: its rounds are drawn, one target token and one separator per round."""
     page, problems = open_page(browser_context, site + _chapter("02_"))
     try:
-        view = page.locator("div").filter(has_text=re.compile(r"\d+ rounds \(target forwards\)")).last
+        view = page.locator("div").filter(has_text=re.compile(r"\d+ rounds, \d+ tokens: .* target forwards")).last
         assert view.count() == 1, "chapter 2 shows no step view"
-        m = re.search(r"(\d+) rounds \(target forwards\), (\d+) tokens", view.inner_text())
+        text = view.inner_text()
+        m = re.search(r"(\d+) rounds, (\d+) tokens", text)
         rounds, tokens = int(m.group(1)), int(m.group(2))
         assert rounds >= 1 and tokens >= rounds
+        f = re.search(r"(\d+) target forwards.* would have used (\d+) .* so (-?\d+) were saved", text)
+        spec, plain, saved = int(f.group(1)), int(f.group(2)), int(f.group(3))
+        assert spec in (rounds, rounds + 1) and plain == tokens and saved == plain - spec, text
         target_tokens = view.locator("span[title=correction], span[title=bonus]").count() - 2   # minus the legend
         separators = view.locator("span", has_text=re.compile(r"^\|$")).count()
         assert separators == rounds, (separators, rounds)
