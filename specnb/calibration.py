@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from .cache import forward, new_cache
-from .costmodel import draft_cost_per_round, refined_speedup
+from .costmodel import draft_cost_per_round, refined_speedup, speedup
 from .decode import cut_drafts, greedy
 from .drafts import Draft, ModelDraft
 from .sweep import pooled_positions
@@ -122,6 +122,12 @@ def replay(draft: Draft, prompt_ids: list[int], greedy_tokens: list[int], k: int
     return rec
 
 
+def _pooled(accepts, attempts) -> float:
+    """Accepted / verified drafts over all positions (counts, not a mean of per-position rates); nan if none."""
+    total = float(np.sum(attempts))
+    return float(np.sum(accepts)) / total if total else float("nan")
+
+
 @dataclass
 class KStats:
     """Calibration at one k, pooled over the calibration prompts' rounds."""
@@ -132,6 +138,7 @@ class KStats:
     a_pos: list[float]  # a_i = P(draft i accepted | drafts before it accepted), nan where never verified
     drafted_hist: list[int]  # rounds that drafted m tokens, m = 0..k
     draft_cost: float  # draft time per round in target forwards (T(1) units)
+    a: float = float("nan")  # accepted / verified drafts, pooled over positions (the simple model's a)
 
 
 @dataclass
@@ -164,7 +171,7 @@ class Calibration:
             cost = float(c * m.mean()) if c is not None else draft_cost_per_round(sum(r[2] for r in rs), len(rs), t1)
             stats[k] = KStats(k, len(rs), (accepts / len(rs)).tolist(),
                               [float(a / t) if t else float("nan") for a, t in zip(accepts, attempts)],
-                              np.bincount(m, minlength=k + 1).tolist(), cost)
+                              np.bincount(m, minlength=k + 1).tolist(), cost, _pooled(accepts, attempts))
         return cls(draft, stats, c, prompts, tokens, note)
 
     @classmethod
@@ -180,7 +187,8 @@ class Calibration:
             stats[k] = KStats(k, rounds, (accepts / rounds).tolist(),
                               [float(a / t) if t else float("nan") for a, t in zip(accepts, attempts)],
                               np.sum([r["drafted_hist"] for r in rs], axis=0).tolist(),
-                              draft_cost_per_round(sum(r["t_draft"] for r in rs), rounds, t1))
+                              draft_cost_per_round(sum(r["t_draft"] for r in rs), rounds, t1),
+                              _pooled(accepts, attempts))
         return cls(draft, stats, None, len({(r.get("kind"), r.get("prompt")) for r in records}),
                    sum(r["tokens"] for r in records), note)
 
@@ -197,6 +205,22 @@ def predict_speedup(cal: Calibration, k: int, verify: dict[int, float]) -> float
     st = cal.stats[k]
     verify_cost = sum(h * verify[m + 1] for m, h in enumerate(st.drafted_hist)) / sum(st.drafted_hist)
     return refined_speedup(st.survival, st.draft_cost / k, k, verify_cost)
+
+
+def simple_prediction(cal: Calibration, k: int) -> float:
+    """The simple model's speedup at ``k`` (E/C, a verify costing one forward) fed only ``cal``'s inputs.
+
+    a = accepted / verified drafts pooled over the calibration rounds at ``k`` (:attr:`KStats.a`), c = the
+    calibrated draft cost per round / k. The simple model given the same information as
+    :func:`predict_speedup`: comparing the two out of sample compares the models, not their inputs.
+    A draft never verified at ``k`` (a = nan) predicts E = 1.
+    """
+    if k not in cal.stats:
+        raise KeyError(f"{cal.draft}: not calibrated at k = {k} (calibrated: {sorted(cal.stats)}); "
+                       "calibrate at that k first")
+    st = cal.stats[k]
+    a = 0.0 if st.a != st.a else st.a
+    return float(speedup(a, st.draft_cost / k, k))
 
 
 @torch.inference_mode()

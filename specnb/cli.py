@@ -330,7 +330,7 @@ def _head_study(args) -> int:
 
         for r in generation_throughput(target.model, target.tokenizer):
             print(f"  generation {r['dtype']:8s} batch {r['batch']:3d}: {r['tokens_per_s']:.0f} new tokens/s")
-    if not (args.ablation or args.learning_curve or args.compare_layers):
+    if not (args.ablation or args.learning_curve or args.compare_layers or args.recipe_levers is not None):
         return 0
     cfg = th.TrainConfig.quick() if args.quick else th.TrainConfig()
     folder = Path(args.into) if args.into else th.head_dir()  # the card that records the results
@@ -351,6 +351,24 @@ def _head_study(args) -> int:
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(f"-> {head_study.write_into_card(folder, 'fused_layers', result)}")
+        if not (args.ablation or args.learning_curve):
+            return 0
+    if args.recipe_levers is not None:
+        from dataclasses import replace
+
+        small = replace(cfg, **{k: getattr(args, k) for k in ("max_prompts", "teacher_chars")
+                                if getattr(args, k) is not None})
+        data, _ = build_data(target.model, target.tokenizer, small,
+                             th.head_dir() / "data" / th.target_fingerprint(target.model))
+        study = head_study.recipe_levers(target.model, data, small, args.recipe_levers or None)
+        study["machine"] = machine_line(target.model)
+        print(f"levers on the committed recipe ({study['rows'][0]['training_tokens']} training tokens; "
+              f"seed-to-seed difference of a_1: {_num(study['noise'])}):")
+        for r in study["rows"]:
+            print(f"  {r['name']:18s} a_1 {r['a1']:.3f}  a_2|1 {_num(r['a2_given_1'])}  prose a_1 "
+                  f"{_num(r['by_kind'].get('prose', {}).get('a1'))}  code a_1 "
+                  f"{_num(r['by_kind'].get('code', {}).get('a1'))}  ({r['steps']} steps, {r['seconds']:.0f} s)")
+        print(f"-> {head_study.write_into_card(folder, 'recipe_levers', study)}")
         if not (args.ablation or args.learning_curve):
             return 0
     data, _ = build_data(target.model, target.tokenizer, cfg,
@@ -461,8 +479,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare-layers", type=int, nargs="+", metavar="LAYER",
                    help="the default recipe reading the last hidden state only, then also these target layers "
                         "(EAGLE-3's fused features), on the same data; printed, recorded in the card, and written to --out")
-    p.add_argument("--max-prompts", type=int, help="with --compare-layers: the first n generated conversations")
-    p.add_argument("--teacher-chars", type=int, help="with --compare-layers: characters of teacher-forced text")
+    p.add_argument("--recipe-levers", nargs="*", metavar="LEVER",
+                   help="the committed recipe, then each lever of specnb.head_study.RECIPE_LEVERS (or those named) "
+                        "changed alone, on the data of --max-prompts / --teacher-chars; recorded in the card")
+    p.add_argument("--max-prompts", type=int,
+                   help="with --compare-layers or --recipe-levers: the first n generated conversations")
+    p.add_argument("--teacher-chars", type=int,
+                   help="with --compare-layers or --recipe-levers: characters of teacher-forced text")
     p.add_argument("--out", help="with --compare-layers: a JSON file for the rows")
     p.add_argument("--quick", action="store_true", help="tiny data (tests)")
     p.add_argument("--threads", type=int)

@@ -378,12 +378,14 @@ def calibrate_sweep(model: torch.nn.Module, tokenizer, results: dict, n_prompts:
 
 
 def predict_out_of_sample(rows: list[Row], cals: dict, verify: dict[int, float],
-                          key: str = "refined, out of sample") -> None:
-    """Set ``row.predicted[key]`` for every row from the calibration of its (draft, kind)."""
-    from .calibration import predict_speedup
+                          key: str = "refined, out of sample", simple_key: str = "simple, out of sample") -> None:
+    """Set ``row.predicted[key]`` (the refined model) and ``row.predicted[simple_key]`` (the simple model,
+    :func:`specnb.calibration.simple_prediction`) for every row, both from the calibration of its (draft, kind)."""
+    from .calibration import predict_speedup, simple_prediction
 
     for r in rows:
         r.predicted[key] = predict_speedup(cals[r.draft, r.kind], r.k, verify)
+        r.predicted[simple_key] = simple_prediction(cals[r.draft, r.kind], r.k)
 
 
 def prediction_errors(rows: list[Row], models=("simple", "refined", "naive")) -> dict[str, dict]:

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from specnb.calibration import Calibration, TeacherForcedDraft, calibrate, predict_speedup, replay
-from specnb.costmodel import refined_speedup
+from specnb.calibration import Calibration, TeacherForcedDraft, calibrate, predict_speedup, replay, simple_prediction
+from specnb.costmodel import refined_speedup, speedup
 from specnb.decode import greedy, speculative_greedy
 from specnb.drafts import ModelDraft, PromptLookupDraft
 from specnb.sweep import run_record
@@ -62,6 +62,15 @@ def test_predict_from_hand_made_rounds():
     assert predict_speedup(cal, 2, verify) == pytest.approx((1 + 1) / (0.25 * 7 / 4 + (3 * 1.8 + 1.5) / 4))
     with pytest.raises(KeyError, match="not calibrated at k = 3"):
         predict_speedup(cal, 3, verify)
+    # The simple model on the same inputs: a = 4 accepted of 6 verified drafts (pooled counts, not the
+    # mean of 3/4 and 1/2), c = draft cost per round / k, a verify of one forward.
+    assert st.a == pytest.approx(4 / 6)
+    assert simple_prediction(cal, 2) == pytest.approx(speedup(4 / 6, 0.25 * 7 / 4 / 2, 2))
+    assert simple_prediction(cal, 2) == pytest.approx((1 + 4 / 6 + (4 / 6) ** 2) / (1 + 0.25 * 7 / 4))
+    with pytest.raises(KeyError, match="not calibrated at k = 3"):
+        simple_prediction(cal, 3)
+    never = Calibration.from_rounds("d", {2: [(0, 0, 0.0)]}, c=0.25, t1=0.1, prompts=1, tokens=1)
+    assert math.isnan(never.stats[2].a) and simple_prediction(never, 2) == pytest.approx(1.0)  # nothing drafted: E = 1
     # Without c, the draft cost is the measured draft time per round over T(1).
     timed = Calibration.from_rounds("d", {1: [(1, 1, 0.02), (1, 0, 0.04)]}, c=None, t1=0.1, prompts=1, tokens=3)
     assert timed.stats[1].draft_cost == pytest.approx(0.3)
@@ -75,7 +84,7 @@ def test_from_records_equals_replay(target, noisy_draft_model, prompts, baseline
     from_replay = Calibration.from_rounds("d", {3: [(m, n, 0.0) for m, n in zip(rep.drafted, rep.accepted)]},
                                           c=0.1, t1=1.0, prompts=1, tokens=N)
     a, b = from_runs.stats[3], from_replay.stats[3]
-    assert a.survival == b.survival and a.drafted_hist == b.drafted_hist
+    assert a.survival == b.survival and a.drafted_hist == b.drafted_hist and a.a == pytest.approx(b.a, nan_ok=True)
     assert all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a.a_pos, b.a_pos))
 
 

@@ -156,7 +156,7 @@ def test_out_of_sample_calibration_uses_other_prompts(tiny_sweep, real):
     assert cals["exit2", "prose"].c > 0.02 and cals["lookup", "prose"].c is None
     rows = [r for r in summarize(tiny_sweep) if r.kind != "all"]
     predict_out_of_sample(rows, cals, verify_costs(tiny_sweep))
-    assert all(r.predicted["refined, out of sample"] > 0 for r in rows)
+    assert all(r.predicted["refined, out of sample"] > 0 and r.predicted["simple, out of sample"] > 0 for r in rows)
     by = errors_by(rows, "refined, out of sample", key=lambda r: r.draft)
     assert set(by) == {"lookup", "exit2"} and all(v >= 0 for v in by.values())
 

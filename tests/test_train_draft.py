@@ -57,6 +57,14 @@ def test_quick_training_run_end_to_end(tmp_path, monkeypatch, capsys):
     assert all(0 <= r["a1"] <= 1 for r in rows) and rows[0]["training_tokens"] == rows[1]["training_tokens"]
     card = json.loads((th.head_dir() / "draft_head.json").read_text())
     assert card["fused_layers"]["rows"] == rows and card["ablation"]["rows"][0]["name"] == "base"  # recorded, rest kept
+    # levers on the committed recipe: the recipe itself, then another seed (the noise floor)
+    assert main(["head-study", "--quick", "--threads", "1", "--recipe-levers", "seed 1"]) == 0
+    study = json.loads((th.head_dir() / "draft_head.json").read_text())["recipe_levers"]
+    assert [r["name"] for r in study["rows"]] == ["committed recipe", "seed 1"] and study["machine"]
+    assert study["noise"] == abs(study["rows"][1]["a1"] - study["rows"][0]["a1"])
+    assert study["base"] == json.loads(json.dumps(th.asdict(th.TrainConfig.quick())))
+    with pytest.raises(ValueError, match="unknown recipe levers"):
+        main(["head-study", "--quick", "--threads", "1", "--recipe-levers", "seed 2"])
 
 
 def test_training_without_the_model_package_says_how_to_install(monkeypatch):
@@ -207,3 +215,15 @@ def test_committed_head_card():
     assert names[0] == "base" and set(LEVERS) <= set(names), names
     sizes = [r["training_tokens"] for r in card["learning_curve"]["rows"]]
     assert len(sizes) >= 4 and sizes == sorted(sizes) and sizes[-1] == card["data"]["training_tokens"], sizes
+    # the levers on the committed recipe (chapter 7's "what next"): every one of RECIPE_LEVERS, from the
+    # committed recipe (data size aside), on the same smaller data
+    from specnb.head_study import RECIPE_LEVERS
+
+    study = card["recipe_levers"]
+    assert [r["name"] for r in study["rows"]] == ["committed recipe", *RECIPE_LEVERS], study["rows"]
+    data_keys = ("max_prompts", "teacher_chars")
+    assert {k: v for k, v in study["base"].items() if k not in data_keys} == \
+        {k: v for k, v in {**json.loads(json.dumps(th.asdict(th.TrainConfig()))), **card["config"]["train"]}.items()
+         if k not in data_keys}
+    assert len({r["training_tokens"] for r in study["rows"] if r["name"] != "seed 1"}) == 1
+    assert study["rows"][0]["training_tokens"] < card["data"]["training_tokens"]
