@@ -334,30 +334,27 @@ def _head_study(args) -> int:
         return 0
     cfg = th.TrainConfig.quick() if args.quick else th.TrainConfig()
     folder = Path(args.into) if args.into else th.head_dir()  # the card that records the results
-    if args.compare_layers:
-        from dataclasses import replace
+    from dataclasses import replace
 
-        for key in ("max_prompts", "teacher_chars"):
-            if getattr(args, key) is not None:
-                setattr(cfg, key, getattr(args, key))
+    # --compare-layers and --recipe-levers run on the smaller data of --max-prompts / --teacher-chars;
+    # the ablation and learning curve after them keep the full recipe's data (cfg is not changed)
+    small = replace(cfg, **{k: getattr(args, k) for k in ("max_prompts", "teacher_chars")
+                            if getattr(args, k) is not None})
+    if args.compare_layers:
         layers = tuple(sorted(args.compare_layers))
-        data, _ = build_data(target.model, target.tokenizer, replace(cfg, feature_layers=layers),
+        data, _ = build_data(target.model, target.tokenizer, replace(small, feature_layers=layers),
                              th.head_dir() / "data" / th.target_fingerprint(target.model))
-        rows = head_study.compare_layers(target.model, data, cfg, [(), layers])
+        rows = head_study.compare_layers(target.model, data, small, [(), layers])
         for r in rows:
             print(f"  {r['name']:28s} a_1 {r['a1']:.3f}  a_2|1 {_num(r['a2_given_1'])}  prose a_1 "
                   f"{_num(r['by_kind'].get('prose', {}).get('a1'))}  ({r['training_tokens']} tokens, {r['seconds']:.0f} s)")
-        result = {"recipe": th.asdict(cfg), "machine": machine_line(target.model), "rows": rows}
+        result = {"recipe": th.asdict(small), "machine": machine_line(target.model), "rows": rows}
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(f"-> {head_study.write_into_card(folder, 'fused_layers', result)}")
         if not (args.ablation or args.learning_curve):
             return 0
     if args.recipe_levers is not None:
-        from dataclasses import replace
-
-        small = replace(cfg, **{k: getattr(args, k) for k in ("max_prompts", "teacher_chars")
-                                if getattr(args, k) is not None})
         data, _ = build_data(target.model, target.tokenizer, small,
                              th.head_dir() / "data" / th.target_fingerprint(target.model))
         study = head_study.recipe_levers(target.model, data, small, args.recipe_levers or None)
