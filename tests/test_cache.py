@@ -6,7 +6,8 @@ from specnb.cache import cache_keyword, cache_length, forward, new_cache, rollba
 
 
 class FakeLayerCache:
-    """Mimics DynamicCache.crop: 4.x (positive n = keep n, negative = remove -n) or 5.x (positive raises)."""
+    """Mimics DynamicCache.crop: 4.x (n >= 0 = keep n, so crop(0) empties it; negative = remove -n)
+    or 5.x (positive raises, 0 does nothing)."""
 
     def __init__(self, length: int, version: int):
         self.length, self.version = length, version
@@ -15,9 +16,11 @@ class FakeLayerCache:
         return self.length
 
     def crop(self, n):
-        if n > 0:
+        if n >= 0:
             if self.version == 5:
-                raise ValueError("positive crop not supported")
+                if n > 0:
+                    raise ValueError("positive crop not supported")
+                return
             self.length = min(self.length, n)
         else:
             self.length -= abs(n)
@@ -34,6 +37,14 @@ def test_rollback_removes_exactly_n_in_both_semantics(version, n_remove):
     cache = FakeLayerCache(10, version)
     rollback(cache, n_remove)
     assert cache.get_seq_length() == 10 - n_remove
+
+
+def test_fake_4x_crop_zero_empties_the_cache():
+    """The hazard the helper's n_remove == 0 skip avoids: in 4.x, crop(-0) is crop(0), "keep nothing"."""
+    c4, c5 = FakeLayerCache(10, 4), FakeLayerCache(10, 5)
+    c4.crop(-0)
+    c5.crop(-0)
+    assert (c4.get_seq_length(), c5.get_seq_length()) == (0, 10)
 
 
 def test_rollback_refuses_silent_failure():
