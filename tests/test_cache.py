@@ -47,13 +47,32 @@ def test_fake_4x_crop_zero_empties_the_cache():
     assert (c4.get_seq_length(), c5.get_seq_length()) == (0, 10)
 
 
+def test_the_5x_fake_behaves_as_the_installed_cache(target):
+    """The fakes stand for transformers' DynamicCache: on a real one, crop(0) keeps everything,
+    a positive crop raises and crop(-1) removes one position, as the 5.x fake does."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("the installed transformers is 4.x; the 4.x fake stands for it")
+    cache, fake = new_cache(target), FakeLayerCache(4, 5)
+    forward(target, [5, 17, 2, 40], cache)
+    for n in (0, -1):
+        cache.crop(n)
+        fake.crop(n)
+        assert cache_length(cache) == fake.get_seq_length()
+    with pytest.raises(ValueError, match="positive"):
+        cache.crop(2)
+    with pytest.raises(ValueError):
+        fake.crop(2)
+
+
 def test_rollback_refuses_silent_failure():
     with pytest.raises(RuntimeError, match="rollback failed"):
         rollback(BrokenCache(10, 5), 2)
 
 
 def test_rollback_rejects_bad_counts():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="n_remove must be >= 0"):
         rollback(FakeLayerCache(3, 5), -1)
     with pytest.raises(ValueError, match="cannot remove"):
         rollback(FakeLayerCache(3, 5), 4)

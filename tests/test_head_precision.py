@@ -10,7 +10,7 @@ from specnb import head_precision as hp
 from specnb.decode import greedy, speculative_greedy, speculative_sample
 from specnb.drafts import HeadDraft, HybridDraft, PromptLookupDraft
 from specnb.kernels import make, onednn_supports, use_kernels
-from specnb.sampling import SamplingParams
+from specnb.sampling import SamplingParams, draft_distributions
 from specnb.tree_decode import speculative_tree_greedy
 from specnb.tree_drafts import HeadTreeDraft, shape_from_branching
 from tests.test_head import random_head
@@ -26,6 +26,8 @@ def bf16_head(target, backend: str = "mkl", seed: int = 2):
 
 @pytest.mark.parametrize("backend", ["mkl", "onednn"])
 def test_a_bfloat16_head_keeps_greedy_exact_in_chains_and_trees(target, prompts, baselines, backend):
+    if backend == "onednn" and not onednn_supports(torch.bfloat16):
+        pytest.skip("this CPU's oneDNN has no bfloat16 path: the head would run MKL, the other case")
     head = bf16_head(target, backend)
     assert head.precision == torch.bfloat16 and head.layer.mlp.up_proj.weight.dtype == torch.bfloat16
     chains = [HeadDraft(head), HeadDraft(head, 0.3), HybridDraft(PromptLookupDraft(), HeadDraft(head))]
@@ -75,9 +77,16 @@ def test_a_bfloat16_heads_sampled_drafts_report_a_full_precision_q(target, promp
     ids = prompts[2]
     _, feats = forward_features(target, ids, new_cache(target), logits_to_keep=1)
     draft.observe(feats)
+    seen = []
+
+    def recording_q(logits, params):   # the logits the head hands the warp
+        seen.append(logits.dtype)
+        return draft_distributions(logits, params)
+
     tokens, q = draft.propose_sampled(ids, 3, SamplingParams(temperature=0.8), torch.Generator().manual_seed(0),
-                                      target.config.vocab_size)
-    assert q.dtype in (torch.float32, torch.float64)  # never bfloat16's 8-bit mantissa
+                                      target.config.vocab_size, recording_q)
+    assert seen and set(seen) == {torch.float32}  # never bfloat16's 8-bit mantissa
+    assert q.dtype in (torch.float32, torch.float64)
     assert torch.allclose(q.sum(-1), torch.ones(len(tokens), dtype=q.dtype), atol=1e-6)
 
 
@@ -94,6 +103,7 @@ def test_auto_keeps_float32_where_bfloat16_has_no_fast_path(monkeypatch, target)
     head = random_head(target, v=96)
     monkeypatch.delenv(hp.ENV, raising=False)
     monkeypatch.setattr(hp, "measure", lambda *a, **kw: pytest.fail("nothing to time"))
+    monkeypatch.setattr(hp, "onednn_supports", lambda dtype: True)  # MKL is the reason here, whatever this CPU has
     name, how = hp.choose(head, None, make("mkl"))
     assert name == "float32" and "MKL" in how
     monkeypatch.setattr(hp, "onednn_supports", lambda dtype: False)
@@ -101,8 +111,9 @@ def test_auto_keeps_float32_where_bfloat16_has_no_fast_path(monkeypatch, target)
     assert name == "float32" and "no bfloat16 path" in how
 
 
-@pytest.mark.skipif(not onednn_supports(torch.bfloat16), reason="this CPU's oneDNN has no bfloat16 path")
 def test_auto_measures_once_per_machine_and_follows_the_timings(monkeypatch, tmp_path, target):
+    """The timings are faked, so this runs on any CPU: the choice follows them and is cached per machine."""
+    monkeypatch.setattr(hp, "onednn_supports", lambda dtype: True)
     monkeypatch.setenv("SPECNB_CACHE", str(tmp_path))
     monkeypatch.delenv(hp.ENV, raising=False)
     head = random_head(target, v=96)

@@ -64,10 +64,13 @@ def test_a_weight_changed_in_place_is_repacked():
     x = torch.randn(2, 32)
     with torch.inference_mode():
         before = lin(x).clone()
+    assert lin._packed is not None  # oneDNN ran, from a packed copy
+    packed, version = lin._packed, lin._packed_version
     with torch.no_grad():
         lin.weight.mul_(2.0)
     with torch.inference_mode():
         after = lin(x)
+    assert lin._packed is not packed and lin._packed_version != version  # the copy was made again
     torch.testing.assert_close(after, 2 * before, rtol=1e-5, atol=1e-5)
 
 
@@ -352,8 +355,12 @@ def test_a_fused_weight_changed_in_place_is_repacked():
     x = torch.randn(2, 16)
     with torch.no_grad():
         parent.q_proj(x)
+        group = parent.k_proj._group
+        assert group._packed is not None  # the group ran on oneDNN, from a packed copy
+        packed = group._packed
         lins[1].weight.mul_(2.0)  # the Parameter is shared with the wrapped layer
         parent.q_proj(x)
+        assert group._packed is not packed  # the fused copy was made again
         torch.testing.assert_close(parent.k_proj(x), x @ lins[1].weight.T, rtol=1e-5, atol=1e-5)
 
 

@@ -22,6 +22,10 @@ def test_verify_forwards_give_the_models_own_logits(target, prompts, n):
     assert hidden.shape == (n, target.config.hidden_size)
     assert torch.allclose(own, ours, atol=1e-5, rtol=0) and torch.equal(own.argmax(-1), ours.argmax(-1))
     assert torch.allclose(own, feats, atol=1e-5, rtol=0) and torch.equal(own.argmax(-1), feats.argmax(-1))
+    # and both equal one forward of the whole sequence with no cache, a reference that shares no code path
+    with torch.inference_mode():
+        whole = target(input_ids=torch.tensor([ids])).logits[0, -n:]
+    assert torch.allclose(whole, ours, atol=1e-4, rtol=0) and torch.equal(whole.argmax(-1), ours.argmax(-1))
 
 
 def test_verify_breakdown_gemm_table_and_op_table_run(target):

@@ -277,8 +277,17 @@ def test_dynamic_tree_keeps_the_best_scored_nodes(target, prompts, head):
 
     small, big = tree(4), tree(12)
     assert small.size == 4 and big.size == 12
-    assert set(small.tokens[:3]) <= set(big.tokens)  # a bigger budget keeps the best nodes
+    assert _paths(small) <= _paths(big)  # a bigger budget keeps the best nodes, as nodes (paths), not token values
     assert big.depth >= 2
+
+
+def _paths(tree) -> set[tuple[int, ...]]:
+    """Each node as the tokens of its path from the root: a node's identity, whatever its index."""
+    out, paths = set(), {0: ()}
+    for i, (tok, par) in enumerate(zip(tree.tokens, tree.parents), start=1):
+        paths[i] = paths[par] + (tok,)
+        out.add(paths[i])
+    return out
 
 
 def _fresh_tree(head, hidden, ids, n_nodes, **kw):
@@ -318,10 +327,11 @@ def test_dynamic_tree_skips_nodes_whose_children_cannot_be_kept(target, prompts,
         self, f, tokens, *a))
     small, forwards = _fresh_tree(head, hidden, ids, 2, depth=4, branch=3, width=3)
     big, _ = _fresh_tree(head, hidden, ids, 12, depth=4, branch=3, width=3)
-    assert small.size == 2 and forwards <= 2 and sum(fed[:forwards - 1]) <= 1, fed  # one row at most
+    assert small.size == 2 and forwards <= 2 and fed[:forwards - 1] == [1] * (forwards - 1), fed  # one row a grow
     # the two best nodes: the head's top root child, then the better of its second root child and its top
-    # grandchild; a big budget keeps both as well
-    assert small.tokens[0] == big.tokens[0] and set(small.tokens) <= set(big.tokens)
+    # grandchild; a big budget keeps both as the same nodes (paths), not merely the same token values
+    assert small.tokens[0] == big.tokens[0] and small.parents[0] == 0
+    assert _paths(small) <= _paths(big), (small, big)
 
 
 def test_lookup_tree_branches_on_several_matches():
