@@ -308,7 +308,7 @@ def test_draft_equal_to_target_accepts_everything(target, prompts):
 
 class SampledRecorder(ModelDraft):
     """A model draft that records each sampled proposal with the k it was asked for
-    (viz.RecordingDraft records greedy proposals only)."""
+    (viz.RecordingDraft records the proposals but not the k, which tells a short draft from a full one)."""
 
     def __init__(self, model):
         super().__init__(model)
