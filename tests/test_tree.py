@@ -283,12 +283,7 @@ def test_dynamic_tree_keeps_the_best_scored_nodes(target, prompts, head):
 
 def _paths(tree) -> set[tuple[int, ...]]:
     """Each node as the tokens of its path from the root: a node's identity, whatever its index."""
-    out, paths = set(), {0: ()}
-    for i, (tok, par) in enumerate(zip(tree.tokens, tree.parents), start=1):
-        paths[i] = paths[par] + (tok,)
-        out.add(paths[i])
-    return out
-
+    return {tuple(tree.path_tokens(i)) for i in range(1, tree.size + 1)}
 
 def _fresh_tree(head, hidden, ids, n_nodes, **kw):
     draft = HeadTreeDraft(head, **kw)
