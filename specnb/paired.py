@@ -56,6 +56,11 @@ def paired_runs(model: torch.nn.Module, tokenizer, prompts: list[Prompt], drafts
                 desc: str = "paired runs") -> list[dict]:
     """Every setting on every prompt, ``repeats`` passes; each run paired with greedy before and after it.
 
+    Per prompt: one greedy run, then for each pass every setting (in reverse order on odd passes), each
+    followed by a greedy run of the same prompt; a speculative run's speedup is against the mean of the
+    greedy runs either side of it, so each greedy run between two speculative runs serves both (a prompt
+    with S settings and R passes costs R * S + 1 greedy runs, not R * (S + 1)).
+
     Returns one record per run: kind, prompt index, repeat, setting label, the paired
     speedup, whether the output equals plain greedy, and :func:`specnb.sweep.run_record`'s counts.
     """
@@ -64,11 +69,10 @@ def paired_runs(model: torch.nn.Module, tokenizer, prompts: list[Prompt], drafts
     greedy(model, encoded[0], 4, eos)  # warm-up
     out: list[dict] = []
     bar = tqdm(total=repeats * len(prompts) * len(settings), desc=desc, disable=not progress)
-    for rep in range(repeats):
-        order = settings if rep % 2 == 0 else settings[::-1]
-        for pi, (prompt, ids) in enumerate(zip(prompts, encoded)):
-            before = greedy(model, ids, max_new_tokens, eos)
-            for s in order:
+    for pi, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        before = greedy(model, ids, max_new_tokens, eos)
+        for rep in range(repeats):
+            for s in (settings if rep % 2 == 0 else settings[::-1]):
                 if s.tree:
                     spec = speculative_tree_greedy(model, drafts[s.draft], ids, s.k, max_new_tokens, eos)
                 else:

@@ -63,3 +63,43 @@ def test_tree_bench_chooses_per_family_on_calibration_and_reports_on_other_promp
     r = bench.ratios()["prose"]
     by = {x["family"]: x for x in rows}
     assert r["tau_ratio_dynamic"] == pytest.approx(by["dynamic tree"]["tokens_per_round"] / by["chain"]["tokens_per_round"])
+
+
+def test_paired_runs_bracket_every_run_between_two_greedy_runs_of_its_prompt(monkeypatch):
+    """R passes of S settings cost R * S + 1 greedy runs per prompt, and each speculative run's speedup uses
+    the greedy runs either side of it (a fake clock: each greedy run is slower than the one before)."""
+    import specnb.paired as paired_mod
+    from specnb.decode import DecodeResult
+    from specnb.prompts import Prompt
+
+    log, clock = [], iter(range(1, 1000))
+
+    def fake_greedy(model, ids, n, eos):
+        t = float(next(clock))
+        log.append(("greedy", ids[0], t))
+        return DecodeResult(tokens=[1] * n, prompt_len=len(ids), wall_time=t * n, target_forwards=n)
+
+    def fake_spec(model, draft, ids, k, n, eos):
+        log.append(("spec", ids[0], k))
+        return DecodeResult(tokens=[1] * n, prompt_len=len(ids), wall_time=float(n), target_forwards=n)
+
+    class Tok:
+        eos_token_id = 0
+
+    monkeypatch.setattr(paired_mod, "greedy", fake_greedy)
+    monkeypatch.setattr(paired_mod, "speculative_greedy", fake_spec)
+    monkeypatch.setattr(paired_mod, "encode", lambda tok, p: [int(p.text)])
+    prompts = [Prompt("prose", "7"), Prompt("prose", "8")]
+    settings = [Setting("d", 1), Setting("d", 2), Setting("d", 3)]
+    runs = paired_runs(None, Tok(), prompts, {"d": object()}, settings, 4, repeats=2, progress=False)
+    assert len(runs) == 2 * 2 * 3
+    body = log[1:]                                   # after the warm-up run
+    for pid in (7, 8):
+        mine = [e for e in body if e[1] == pid]
+        assert [e[0] for e in mine] == ["greedy"] + ["spec", "greedy"] * 6, "R * S + 1 greedy runs per prompt"
+        assert [e[2] for e in mine if e[0] == "spec"] == [1, 2, 3, 3, 2, 1], "odd passes run the settings reversed"
+    for i, r in enumerate(runs):                     # greedy runs at clock t take t s a token (the fake's wall / n)
+        greedy_ts = [e[2] for e in body if e[0] == "greedy" and e[1] == (7 if i < 6 else 8)]
+        j = i % 6
+        assert r["greedy_per_token"] == pytest.approx((greedy_ts[j] * 4 / 3 + greedy_ts[j + 1] * 4 / 3) / 2)
+        assert r["repeat"] == j // 3 and r["identical"]
