@@ -219,12 +219,21 @@ def tree_drafts(head):
 
 
 def test_tree_drafts_keep_greedy_exact(target, prompts, baselines, head):
+    """Each real tree draft, at three node budgets, reproduces plain greedy; and each had drafts accepted
+    (a draft that is never right would pass the equality without testing the walk or the cache move), and some
+    round kept two drafts or more."""
+    deep = 0   # rounds that kept two drafts or more: the cache move then shifts several entries
     for draft in tree_drafts(head):
+        accepted = 0
         for ids, ref in zip(prompts, baselines):
             for n_nodes in (1, 5, 12):
                 out = speculative_tree_greedy(target, draft, ids, n_nodes, N_NEW)
                 assert out.tokens == ref, (draft.name, n_nodes)
                 assert all(r.drafted <= n_nodes for r in out.rounds)
+                accepted += out.accepted
+                deep += sum(r.accepted >= 2 for r in out.rounds)
+        assert accepted > 0, f"{draft.name}: no draft accepted, so this test checked no accepted path"
+    assert deep > 0, "no round kept two drafts, so no multi-entry cache move was checked"
 
 
 def test_head_static_chain_shape_drafts_what_the_chain_head_drafts(target, prompts, head):
