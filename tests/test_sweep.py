@@ -30,7 +30,8 @@ def test_run_record_counts_positions():
 @pytest.fixture(scope="module")
 def tiny_sweep(real):
     config = SweepConfig(drafts=("lookup", "exit2"), ks=(1, 3), kinds=("grounded", "prose"), prompts_per_kind=1,
-                         max_new_tokens=8, repeats=2, curve_repeats=1, twins=())
+                         max_new_tokens=8, repeats=2, model_prompts_per_kind=None, model_repeats=None,
+                         curve_repeats=1, twins=())  # model drafts on every prompt and pass, as lookup
     return run_sweep(real.model, real.tokenizer, config, label=real.label, progress=False)
 
 
@@ -186,3 +187,12 @@ def test_position_test_pools_counts_and_matches_fisher():
     assert position_test(_position_runs((10, 20), (10, 20)), "d", 3)["p_value"] == pytest.approx(1.0)
     assert position_test(_position_runs((5, 50), (45, 50)), "d", 3)["p_value"] < 1e-6
     assert np.isnan(position_test(_position_runs((1, 2), (0, 0)), "d", 3)["p_value"])
+
+
+def test_model_drafts_run_on_the_first_prompt_of_a_kind_in_the_first_pass_only():
+    """Full mode's default: early exits (a model draft per drafted token) run 1 prompt per kind, 1 pass;
+    prompt lookup every prompt and pass."""
+    c = SweepConfig()
+    assert all(c.runs_draft("lookup", rep, i) for rep in range(c.repeats) for i in range(c.prompts_per_kind))
+    assert c.runs_draft("exit8", 0, 0)
+    assert not c.runs_draft("exit8", 1, 0) and not c.runs_draft("exit24", 0, 1)
