@@ -103,6 +103,7 @@ runs MKL, and its ``how`` says so.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -292,6 +293,17 @@ class KernelLinear(torch.nn.Linear):
             self._packed_version = version
         return self._packed
 
+    def __deepcopy__(self, memo: dict) -> "KernelLinear":
+        """A copy without the packed weight (a cache: an opaque oneDNN tensor cannot be copied);
+        the copy packs its own on first use. Without this, ``copy.deepcopy`` of a model that has run
+        a oneDNN forward fails ("Cannot access storage of OpaqueTensorImpl")."""
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            new.__dict__[k] = None if k == "_packed" else copy.deepcopy(v, memo)
+        new._packed_version = -1
+        return new
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.numel() < self.kernels.onednn_from * self.in_features or x.device.type != "cpu"
                 or (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))
@@ -325,6 +337,13 @@ class FusedGroup:
         self.splits = [m.out_features for m in members]
         self._packed, self._versions, self._bias = None, None, None
         self._input, self._input_version, self._outputs, self._served = None, None, None, set()
+
+    def __deepcopy__(self, memo: dict) -> "FusedGroup":
+        """A copy of the group over the copied members, without the packed weight or a kept input."""
+        new = FusedGroup.__new__(FusedGroup)
+        memo[id(self)] = new
+        FusedGroup.__init__(new, copy.deepcopy(self.members, memo))
+        return new
 
     def _pack(self) -> torch.Tensor:
         versions = tuple(_version(m.weight.detach()) for m in self.members)

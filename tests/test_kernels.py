@@ -452,3 +452,26 @@ def test_training_the_head_keeps_torchs_product_for_the_lm_rows():
     x = torch.randn(3, head.cfg.hidden_size, requires_grad=True)
     head.logits(x).sum().backward()
     assert x.grad is not None and head.__dict__["_lm_product"]._packed is None
+
+
+def test_a_model_that_ran_on_onednn_can_be_deep_copied():
+    """The packed oneDNN weights are opaque tensors that ``copy.deepcopy`` cannot copy: after one forward
+    a plain deepcopy failed ("Cannot access storage of OpaqueTensorImpl"), which broke
+    ``head_data.in_dtype`` (the bfloat16 copy that regenerates the training ids) once the target had run.
+    The copy must drop the packed cache, keep its own fused groups, and compute the same logits."""
+    if not kernels.onednn_supports(torch.float32):
+        pytest.skip("oneDNN cannot run float32 here")
+    model = tiny_llama(seed=0)
+    use_kernels(model, make("onednn"))
+    x = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    with torch.inference_mode():
+        before = model(x).logits
+    copied = copy.deepcopy(model)
+    lin = [m for m in copied.modules() if isinstance(m, kernels.KernelLinear)]
+    assert lin and all(m._packed is None for m in lin)
+    groups = {id(m._group) for m in lin if getattr(m, "_group", None) is not None}
+    originals = {id(m._group) for m in model.modules() if getattr(m, "_group", None) is not None}
+    assert groups and not groups & originals  # the copy's members point at the copy's groups
+    with torch.inference_mode():
+        assert torch.equal(copied(x).logits, before)
+    assert kernels_of(copied).backend == "onednn"
