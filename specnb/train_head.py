@@ -124,9 +124,10 @@ def chained_forward(head: DraftHead, feats: torch.Tensor, tokens: torch.Tensor, 
 
 def loss_terms(head: DraftHead, preds: list[torch.Tensor], feats: torch.Tensor, labels: torch.Tensor,
                valid: torch.Tensor, label_index: torch.Tensor, soft: bool = False,
-               decay: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+               decay: float = 1.0, with_agree: bool = True) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Cross-entropy and regression over all passes (pass d weighted ``decay ** d``, normalised);
-    also the per-pass top-1 agreement on this batch.
+    also the per-pass top-1 agreement on this batch (``with_agree=False``: an empty list; the
+    argmax over ``(B, T, V')`` costs about 6% of a training step, so the loop asks only when it logs).
 
     ``labels: (B, T)`` target argmax ids; ``valid: (B, T)`` real (unpadded) positions;
     ``label_index: (vocab,)`` maps a token id to its index in the reduced vocabulary, or -1.
@@ -152,16 +153,18 @@ def loss_terms(head: DraftHead, preds: list[torch.Tensor], feats: torch.Tensor, 
             with torch.no_grad():
                 q = torch.softmax(head.logits(target_f[keep]), dim=-1)  # (K, V') the target's distribution on V'
             ce = -(q * torch.log_softmax(logits[keep], dim=-1)).sum(-1).mean()
-        else:
-            ce = torch.nn.functional.cross_entropy(logits[keep], yi[keep])
+        else:  # the mean over kept positions; ignore_index instead of logits[keep] (a gather and a scatter of (B, m, V'))
+            ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), yi.masked_fill(~keep, -100).flatten(),
+                                                   ignore_index=-100)
         reg = torch.nn.functional.smooth_l1_loss(p[ok], target_f[ok]) if ok.any() else p.sum() * 0
         w = decay ** d
         ce_sum = ce_sum + w * ce
         reg_sum = reg_sum + w * reg
         wsum += w
-        with torch.no_grad():
-            hit = (head.vocab_ids[logits.argmax(-1)] == y) & ok
-            agree.append(float(hit.sum() / ok.sum().clamp(min=1)))
+        if with_agree:
+            with torch.no_grad():
+                hit = (head.vocab_ids[logits.argmax(-1)] == y) & ok
+                agree.append(float(hit.sum() / ok.sum().clamp(min=1)))
     return ce_sum / wsum, reg_sum / wsum, agree
 
 
@@ -235,10 +238,11 @@ def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: i
     for step in bar:
         pick = [windows[j] for j in order[step * per_batch:(step + 1) * per_batch]]
         feats, tokens, labels, valid = _batch(seqs, pick, max(b - a for _, a, b in pick))
+        log_now = step % 10 == 0 or step == steps - 1
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             preds = chained_forward(head, feats, tokens, cfg.depth, noise=cfg.noise)
             ce, reg, agree = loss_terms(head, preds, feats, labels, valid, label_index, cfg.soft_labels,
-                                        cfg.depth_decay)
+                                        cfg.depth_decay, with_agree=log_now)
             loss = cfg.ce_weight * ce + cfg.reg_weight * reg
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -247,7 +251,7 @@ def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: i
         sched.step()
         row = {"step": step + 1, "ce": float(ce.detach()), "reg": float(reg.detach()), "agree": agree}
         ema = row["ce"] if ema is None else 0.95 * ema + 0.05 * row["ce"]
-        if step % 10 == 0 or step == steps - 1:
+        if log_now:
             curve.append(row)
             bar.set_postfix(ce=f"{ema:.3f}", a1=f"{agree[0]:.2f}", val=f"{max(best, 0):.3f}")
         if validation and ((step + 1) % cfg.val_every == 0 or step == steps - 1):

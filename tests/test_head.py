@@ -360,6 +360,34 @@ def test_soft_labels_are_the_targets_softmax_over_the_draft_vocabulary(target, t
     assert torch.allclose(hard, -q.max(-1).values.log().mean(), atol=1e-5) and hard <= ce
 
 
+def test_hard_loss_is_the_mean_over_real_positions_inside_the_draft_vocabulary(target, tiny_data):
+    """The hard cross-entropy of every pass is the mean over positions that are real (not padding) and whose
+    label is in V', as the explicit ``logits[keep]`` form computes it; padding and out-of-V' positions change
+    nothing; ``with_agree=False`` skips the agreement and leaves the loss as it was."""
+    head = th.new_head(target, th.draft_vocabulary(tiny_data[:8], 48), th.TrainConfig())
+    label_index = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+    label_index[head.vocab_ids] = torch.arange(len(head.vocab_ids))
+    a, b = tiny_data[0], tiny_data[1]
+    T = max(len(a.tokens), len(b.tokens))
+    feats, tokens, labels, valid = th._batch([a, b], [(0, 0, len(a.tokens)), (1, 0, len(b.tokens))], T)
+    assert (~valid).any(), "the test needs a padded row"
+    torch.manual_seed(0)
+    preds = [torch.randn(2, T - 1, target.config.hidden_size) for _ in range(2)]
+    ce, reg, agree = th.loss_terms(head, preds, feats, labels, valid, label_index, decay=0.8)
+    want, wsum = 0.0, 0.0
+    for d, p in enumerate(preds):
+        m = T - 1 - d
+        y, ok = labels[:, d + 1:d + 1 + m], valid[:, d + 1:d + 1 + m]
+        keep = ok & (label_index[y] >= 0)
+        assert (ok & ~keep).any(), "the test needs a real position whose label is outside V'"
+        want += 0.8 ** d * torch.nn.functional.cross_entropy(head.logits(p[:, :m])[keep], label_index[y][keep])
+        wsum += 0.8 ** d
+    assert torch.allclose(ce, want / wsum, atol=1e-5), (float(ce), float(want / wsum))
+    assert len(agree) == 2
+    ce2, reg2, agree2 = th.loss_terms(head, preds, feats, labels, valid, label_index, decay=0.8, with_agree=False)
+    assert agree2 == [] and torch.equal(ce2, ce) and torch.equal(reg2, reg)
+
+
 def test_loading_a_head_does_not_import_the_trainer():
     # inference (drafts.draft_from_name, the tree bench) reads a head through head_io alone
     import subprocess
