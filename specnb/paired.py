@@ -158,7 +158,8 @@ def sampled_speedup(model: torch.nn.Module, tokenizer, prompts: list[Prompt], dr
             base = sample(model, ids, max_new_tokens, params, seed, eos)
             spec = speculative_sample(model, draft, ids, k, max_new_tokens, params, seed, eos)
             out.append({"kind": prompt.kind, "seed": seed, "speedup": pair_speedup(base, spec),
-                        "a": spec.position_acceptance, "tokens_per_round": spec.tokens_per_round})
+                        "a": spec.position_acceptance, "accepted": spec.accepted, "verified": spec.verified,
+                        "tokens_per_round": spec.tokens_per_round})
     return out
 
 

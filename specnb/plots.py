@@ -130,7 +130,7 @@ def cost_ratios(results: dict, rows: list[Row] | None = None):
     for y, v in enumerate(values):
         ax.text(v, y, f" {v:.3f}", va="center", fontsize=8)
     ax.invert_yaxis()
-    ax.set(xlabel="c = draft forward time / target forward time", xlim=(0, max(1.0, max(values) * 1.15)))
+    ax.set(xlabel="c (draft time per drafted token / target forward time)", xlim=(0, max(1.0, max(values) * 1.15)))
     fig.suptitle("Cost ratio c\n" + _caption(results, width=110), fontsize=8)
     fig.tight_layout()
     return fig

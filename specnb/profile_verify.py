@@ -205,20 +205,27 @@ def op_table(model: torch.nn.Module, n: int, context_len: int = 64, repeats: int
     return [(e.key, e.self_cpu_time_total / 1e3 / repeats, e.self_cpu_time_total / total) for e in events[:top]]
 
 
-def products_share_of_growth(b: dict, backend: str, n: int) -> float:
-    """Of the whole forward's growth from the first n measured to ``n``, the share that is the linear
-    layers' products (the growth of ``full - rest``) under ``backend``: 1 = all of it."""
+def growth_parts(b: dict, backend: str, n: int) -> tuple[float, float, float]:
+    """From the first n measured to ``n`` under ``backend``: the whole forward's growth, the rest's growth
+    (the forward with its linear layers stubbed) in seconds, and the products' share of the growth,
+    ``1 - rest / whole``. With per-repeat samples both growths are medians of differences paired within a
+    repeat (n = n0 and n, whole and stubbed, timed seconds apart); the share is computed from those two
+    medians, so the three numbers always add up (a share below 0: the rest grew more than the whole)."""
     n0 = b["ns"][0]
-    if "samples" in b:  # paired within each repeat (n = n0 and n, whole and stubbed, timed seconds apart)
+    if "samples" in b:
         t = b["samples"][backend]
-        growth_r = np.subtract(t["full"][n], t["full"][n0])
-        rest_r = np.subtract(t["rest"][n], t["rest"][n0])
-        growth, products = float(np.median(growth_r)), float(np.median(growth_r - rest_r))
+        growth = float(np.median(np.subtract(t["full"][n], t["full"][n0])))
+        rest = float(np.median(np.subtract(t["rest"][n], t["rest"][n0])))
     else:
         m = b["median"][backend]
-        growth = m["full"][n] - m["full"][n0]
-        products = (m["full"][n] - m["rest"][n]) - (m["full"][n0] - m["rest"][n0])
-    return float(products / growth) if growth > 0 else float("nan")
+        growth, rest = m["full"][n] - m["full"][n0], m["rest"][n] - m["rest"][n0]
+    return growth, rest, (1 - rest / growth) if growth > 0 else float("nan")
+
+
+def products_share_of_growth(b: dict, backend: str, n: int) -> float:
+    """Of the whole forward's growth from the first n measured to ``n``, the share that is the linear
+    layers' products under ``backend`` (:func:`growth_parts`): 1 = all of it."""
+    return growth_parts(b, backend, n)[2]
 
 
 def breakdown_table(b: dict) -> str:

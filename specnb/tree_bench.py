@@ -42,7 +42,7 @@ def default_settings(quick: bool = False) -> list[Setting]:
     if quick:
         return [Setting("chain", 1), Setting("chain", 2), Setting("static 3-1-1", 5, tree=True),
                 Setting("dynamic d3", 4, tree=True)]
-    return ([Setting("chain", k) for k in (1, 2, 3)]
+    return ([Setting("chain", k) for k in (1, 2, 3, 4, 6)]  # past the trees' depth 3: the best chain must not sit at the grid's edge
             + [Setting("static 3-1-1", n, tree=True) for n in (2, 3, 5, 9)]
             + [Setting("static 2-2-1", n, tree=True) for n in (6, 10)]
             + [Setting("dynamic d3", n, tree=True) for n in (2, 3, 4, 6)]

@@ -93,6 +93,13 @@ def test_stubbed_linear_layers_run_no_product_and_are_restored(target, prompts):
     assert torch.equal(forward(model, ids, new_cache(model)), before)  # restored on error too
     b = {"ns": [1, 5], "median": {"x": {"full": {1: 30.0, 5: 40.0}, "rest": {1: 7.0, 5: 8.0}}}}
     assert products_share_of_growth(b, "x", 5) == pytest.approx(0.9)
+    # from paired samples, the whole's growth, the rest's and the share add up even where medians do not
+    from specnb.profile_verify import growth_parts
+
+    s = {"ns": [1, 5], "samples": {"x": {"full": {1: [30.0, 31.0, 29.0], 5: [40.0, 30.5, 30.0]},
+                                         "rest": {1: [7.0, 7.0, 7.0], 5: [8.0, 9.0, 7.5]}}}}
+    whole, rest, share = growth_parts(s, "x", 5)
+    assert (whole, rest) == (pytest.approx(1.0), pytest.approx(1.0)) and share == pytest.approx(1 - rest / whole)
 
 
 def test_the_breakdown_times_oneDNN_with_and_without_the_fusion():
