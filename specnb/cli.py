@@ -330,6 +330,17 @@ def _head_study(args) -> int:
 
         for r in generation_throughput(target.model, target.tokenizer):
             print(f"  generation {r['dtype']:8s} batch {r['batch']:3d}: {r['tokens_per_s']:.0f} new tokens/s")
+    if args.validation_gap:
+        head, card = th.load_head(target.model)
+        gap = head_study.validation_gap(target.model, target.tokenizer, head, card)
+        gap["machine"] = machine_line(target.model)
+        print(f"validation split ({gap['validation_sequences']} conversations) a_1 {gap['validation_a1']:.3f}; "
+              f"held-out a_1 {gap['held_out_a1']:.3f}")
+        for kind, r in gap["by_kind"].items():
+            print(f"  {kind:9s} validation a_1 {r['validation']['a1']:.3f} a_2|1 {_num(r['validation']['a2_given_1'])} "
+                  f"({r['validation']['conversations']} conversations) | held-out a_1 {_num(r['held_out']['a1'])} "
+                  f"a_2|1 {_num(r['held_out']['a2_given_1'])}")
+        print(f"-> {head_study.write_into_card(Path(args.into) if args.into else th.head_dir(), 'validation_gap', gap)}")
     if not (args.ablation or args.learning_curve or args.compare_layers or args.recipe_levers is not None):
         return 0
     cfg = th.TrainConfig.quick() if args.quick else th.TrainConfig()
@@ -473,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--learning-curve", action="store_true", help="the default recipe at several data sizes")
     p.add_argument("--fractions", type=float, nargs="+", default=[0.125, 0.25, 0.5, 1.0])
     p.add_argument("--into", help="folder of the head whose card records the results (default: the specnb cache)")
+    p.add_argument("--validation-gap", action="store_true",
+                   help="the committed head on its own validation split by kind of text, beside its held-out "
+                        "figures (about a minute; written into the card)")
     p.add_argument("--compare-layers", type=int, nargs="+", metavar="LAYER",
                    help="the default recipe reading the last hidden state only, then also these target layers "
                         "(EAGLE-3's fused features), on the same data; printed, recorded in the card, and written to --out")

@@ -181,6 +181,50 @@ def compare_layers(target, data: dict, cfg: TrainConfig, layer_sets: list[tuple[
             for layers in layer_sets]
 
 
+def validation_gap(target, tokenizer, head, card: dict) -> dict:
+    """The committed head on its own validation split, by kind of text, beside its held-out figures.
+
+    The validation conversations are answers to training prompts that training never saw; their prompts
+    share templates and subjects with training prompts. The held-out prompts are phrased and chosen
+    apart from them. The gap between the two, per kind, separates generalising to new answers from
+    generalising to new ways of asking. The split is rebuilt as ``train_on`` draws it: the committed ids,
+    less those sharing an 8-gram with the held-out data, then ``split_validation`` with the card's
+    fraction and seed; only those conversations get float32 features (a minute, not the whole data).
+    """
+    from .corpus import training_prompts
+    from .head_data import (_load_seqs, data_key, features, load_training_ids, shared_ngrams, template_ngrams)
+    from .head_io import head_dir, target_fingerprint
+    from .train_head import TrainConfig, evaluate, generate, held_out_set, split_validation
+
+    tc = card["config"]["train"]
+    cfg = TrainConfig(**{k: tuple(v) if k == "feature_layers" else v for k, v in tc.items()
+                         if k in TrainConfig.__dataclass_fields__})
+    ids = load_training_ids()
+    kinds_of_prompt = [p.kind for p in training_prompts(ids["meta"].get("seed", cfg.seed))]
+    path = head_dir() / "data" / target_fingerprint(target) / f"{data_key(cfg, 'held_out')}.safetensors"
+    held = _load_seqs(path) if path.exists() else generate(target, tokenizer, held_out_set(cfg), cfg.new_tokens, 16,
+                                                            "held-out data", cfg.feature_layers)
+    held_docs = [s.tokens.tolist() + [int(s.labels[-1])] for s in held]
+    bad = set(shared_ngrams(ids["ids"], held_docs, template_ngrams(tokenizer), tokenizer.all_special_ids))
+    kept = [i for i in range(len(ids["ids"])) if i not in bad]
+    val = split_validation(kept, cfg.val_fraction, cfg.seed)[1]   # indices into the committed ids
+    assert len(val) == card["data"]["validation_sequences"], "the validation split must be the one training used"
+    seqs = features(target, [ids["ids"][i] for i in val], "generated", [ids["prompt_lens"][i] for i in val],
+                    desc="features of the validation conversations", layers=cfg.feature_layers)
+    kinds = [kinds_of_prompt[ids["prompt_index"][i]] for i in val]
+    rows = {}
+    for kind in sorted(set(kinds)):
+        ev = evaluate(head, [s for s, k in zip(seqs, kinds) if k == kind], 2)
+        ho = card["held_out_by_kind"].get(kind, {})
+        rows[kind] = {"validation": {"a1": ev["agree"][0], "a2_given_1": ev["conditional"][1],
+                                     "positions": ev["positions"], "conversations": kinds.count(kind)},
+                      "held_out": {"a1": ho.get("agree", [None])[0], "a2_given_1": (ho.get("conditional") or [None, None])[1],
+                                   "positions": ho.get("positions")}}
+    ev = evaluate(head, seqs, 2)
+    return {"validation_a1": ev["agree"][0], "held_out_a1": card["held_out"]["agree"][0],
+            "validation_sequences": len(seqs), "by_kind": rows}
+
+
 def write_into_card(folder: Path, key: str, value: dict) -> Path:
     """Add ``value`` under ``key`` to the card ``folder/draft_head.json`` (the rest unchanged)."""
     path = Path(folder) / "draft_head.json"
