@@ -89,7 +89,8 @@ SUBJECTS = [
 
 CODE_FORMS = [
     "Show me a Python function that {t}, with a docstring.", "I need a helper in Python that {t}. Can you write it?",
-    "Write Python code that {t}, and explain each step b" "riefly.",  # split: tests/test_book.py bans the word "Implement a function that {t}. Use type hints.",
+    "Write Python code that {t}, and explain each step b" "riefly.",  # split: tests/test_book.py bans the word
+    "Implement a function that {t}. Use type hints.",
     "How would you write a JavaScript function that {t}?", "Write a Python class with a method that {t}.",
     "Give me a one-function Python module that {t}, with a small test.", "Write a clean, commented Python function that {t}.",
     "Can you write a function that {t} and handle bad input?", "Write a Python function that {t}, then show its output for an example.",
