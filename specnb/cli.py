@@ -221,6 +221,13 @@ def _train_draft(args) -> int:
             print("committed head's card (specnb/data), same held-out prompts: "
                   + ", ".join(f"{a:.3f}" for a in ref["held_out"]["agree"])
                   + f"; largest difference {diff:.3f} (reproduced within 0.03: {diff <= 0.03})")
+    vg = card["validation_gap"]
+    print(f"validation split ({vg['validation_sequences']} training conversations never trained on) a_1 "
+          f"{vg['validation_a1']:.3f}; held-out a_1 {vg['held_out_a1']:.3f}")
+    print(f"chapter 7's recipe studies: copied from {card['studies_from']['card']} (the same recipe)"
+          if card.get("studies_from") else
+          "chapter 7's recipe studies: not copied (the recipe differs from the packaged head's); "
+          "`specnb head-study` measures them for this one")
     print(f"wrote {out}")
     return 0
 

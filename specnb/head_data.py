@@ -403,11 +403,18 @@ def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_pat
     exclude = template_ngrams(tokenizer)
     held_docs = [s.tokens.tolist() + [int(s.labels[-1])] for s in data["held_out"]]
     data["dropped"] = {}
+    # the kind of text of each generated conversation (its prompt's kind): the validation gap is per kind
+    from .corpus import training_prompts
+
+    kinds_of_prompt = [p.kind for p in training_prompts(ids["meta"].get("seed", cfg.seed))]
+    kinds = [kinds_of_prompt[ids["prompt_index"][i]] for i in range(len(data["generated"]))]
     for part in ("generated", "teacher"):
         bad = set(shared_ngrams([s.tokens.tolist() for s in data[part]], held_docs, exclude,
                                 tokenizer.all_special_ids))
         data["dropped"][part] = len(bad)
         data[part] = [s for i, s in enumerate(data[part]) if i not in bad]
+        if part == "generated":
+            data["generated_kinds"] = [k for i, k in enumerate(kinds) if i not in bad]
     data["reused"] = reused
     data["ids_meta"] = ids["meta"]
     data["feature_layers"] = tuple(cfg.feature_layers)

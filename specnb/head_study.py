@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from .head_data import for_layers
-from .train_head import TrainConfig, evaluate_by_kind, train_on
+from .train_head import TrainConfig, evaluate_by_kind, train_on, validation_gap_rows
 
 # The ablation's base: the recipe before the study (soft labels, one pass, learning rate 1e-3). The
 # committed head's recipe (``TrainConfig()``) is this base plus the levers the study's combined row
@@ -194,7 +194,7 @@ def validation_gap(target, tokenizer, head, card: dict) -> dict:
     from .corpus import training_prompts
     from .head_data import (_load_seqs, data_key, features, load_training_ids, shared_ngrams, template_ngrams)
     from .head_io import head_dir, target_fingerprint
-    from .train_head import TrainConfig, evaluate, generate, held_out_set, split_validation
+    from .train_head import TrainConfig, generate, held_out_set, split_validation
 
     tc = card["config"]["train"]
     cfg = TrainConfig(**{k: tuple(v) if k == "feature_layers" else v for k, v in tc.items()
@@ -212,17 +212,25 @@ def validation_gap(target, tokenizer, head, card: dict) -> dict:
     seqs = features(target, [ids["ids"][i] for i in val], "generated", [ids["prompt_lens"][i] for i in val],
                     desc="features of the validation conversations", layers=cfg.feature_layers)
     kinds = [kinds_of_prompt[ids["prompt_index"][i]] for i in val]
-    rows = {}
-    for kind in sorted(set(kinds)):
-        ev = evaluate(head, [s for s, k in zip(seqs, kinds) if k == kind], 2)
-        ho = card["held_out_by_kind"].get(kind, {})
-        rows[kind] = {"validation": {"a1": ev["agree"][0], "a2_given_1": ev["conditional"][1],
-                                     "positions": ev["positions"], "conversations": kinds.count(kind)},
-                      "held_out": {"a1": ho.get("agree", [None])[0], "a2_given_1": (ho.get("conditional") or [None, None])[1],
-                                   "positions": ho.get("positions")}}
-    ev = evaluate(head, seqs, 2)
-    return {"validation_a1": ev["agree"][0], "held_out_a1": card["held_out"]["agree"][0],
-            "validation_sequences": len(seqs), "by_kind": rows}
+    return validation_gap_rows(head, seqs, kinds, card["held_out"]["agree"][0], card["held_out_by_kind"])
+
+
+def require_studies(card: dict) -> dict:
+    """``card`` itself when it holds every recipe study chapter 7 shows; otherwise a clear error naming
+    what is missing and the command that measures it."""
+    from .head_io import HeadUnavailableError
+    from .train_head import STUDY_KEYS
+
+    missing = [k for k in (*STUDY_KEYS, "validation_gap") if k not in card]
+    if missing:
+        flags = {"ablation": "--ablation", "learning_curve": "--learning-curve", "fused_layers": "--compare-layers 2 15 27",
+                 "recipe_levers": "--recipe-levers", "validation_gap": "--validation-gap"}
+        raise HeadUnavailableError(
+            f"this head's card has no {', '.join(missing)} (a head trained with a recipe other than the packaged "
+            f"one's does not inherit its studies): run `specnb head-study {' '.join(flags[k] for k in missing)}` "
+            "to measure them for this recipe (hours on 2 cores), or remove the head from the specnb cache to "
+            "read the packaged one")
+    return card
 
 
 def write_into_card(folder: Path, key: str, value: dict) -> Path:

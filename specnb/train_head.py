@@ -18,6 +18,7 @@ and read by ``head_io.py``; this module re-exports its names for the chapters' `
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -395,6 +396,47 @@ def evaluate_by_kind(head: DraftHead, held: list[Sequence], cfg: TrainConfig) ->
     return overall, by_kind
 
 
+def validation_gap_rows(head: DraftHead, validation: list[Sequence], kinds: list[str], held_a1: float,
+                        held_by_kind: dict) -> dict:
+    """The head on its validation split (answers to training prompts that training never saw), by kind of
+    text, beside its held-out figures (``held_a1``, ``held_by_kind`` as the card stores them): chapter 7's
+    validation gap. ``kinds[i]`` is the kind of ``validation[i]``'s prompt."""
+    rows = {}
+    for kind in sorted(set(kinds)):
+        ev = evaluate(head, [s for s, k in zip(validation, kinds) if k == kind], 2)
+        ho = held_by_kind.get(kind, {})
+        rows[kind] = {"validation": {"a1": ev["agree"][0], "a2_given_1": ev["conditional"][1],
+                                     "positions": ev["positions"], "conversations": kinds.count(kind)},
+                      "held_out": {"a1": ho.get("agree", [None])[0],
+                                   "a2_given_1": (ho.get("conditional") or [None, None])[1],
+                                   "positions": ho.get("positions")}}
+    ev = evaluate(head, validation, 2)
+    return {"validation_a1": ev["agree"][0], "held_out_a1": held_a1, "validation_sequences": len(validation),
+            "by_kind": rows}
+
+
+# Chapter 7's studies of the recipe (each trains heads of its own; ``specnb head-study`` writes them into
+# a card). They describe a recipe, not one head's weights.
+STUDY_KEYS = ("ablation", "learning_curve", "fused_layers", "recipe_levers")
+
+
+def carry_studies(card: dict, ref: dict, source: str) -> list[str]:
+    """Copy the recipe studies of ``ref`` (the packaged head's card) into ``card`` when both heads were
+    trained with the same recipe (``config.train`` equal); ``card["studies_from"]`` then names ``source``,
+    ``ref``'s date and machine. Returns the keys copied (none when the recipes differ)."""
+    def plain(x):
+        return json.loads(json.dumps(x))
+
+    if plain(ref.get("config", {}).get("train")) != plain(card["config"]["train"]):
+        return []
+    keys = [k for k in STUDY_KEYS if k in ref]
+    for k in keys:
+        card[k] = ref[k]
+    if keys:
+        card["studies_from"] = {"card": source, "created": ref.get("created"), "machine": ref.get("machine")}
+    return keys
+
+
 def train_on(target, data: dict, cfg: TrainConfig, progress: bool = True) -> tuple[DraftHead, dict, dict]:
     """One training run of ``cfg`` on built ``data``: returns the head, its training log and its data sizes."""
     torch.manual_seed(cfg.seed)
@@ -419,7 +461,7 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
     from .head_data import IDS_FILE
 
     from .corpus import TEACHER_SOURCES
-    from .env import machine_info
+    from .env import machine_info, machine_line
 
     fp = target_fingerprint(target)
     data, seconds = build_data(target, tokenizer, cfg, head_dir() / "data" / fp, reuse_data, ids_path or IDS_FILE)
@@ -428,6 +470,8 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
     t0 = time.perf_counter()
     held, by_kind = evaluate_by_kind(head, data["held_out"], cfg)
     train_eval = evaluate(head, split_validation(data["generated"], cfg.val_fraction, cfg.seed)[0][:40], cfg.eval_depth)
+    pairs = split_validation(list(zip(data["generated"], data["generated_kinds"])), cfg.val_fraction, cfg.seed)[1]
+    gap = validation_gap_rows(head, [s for s, _ in pairs], [k for _, k in pairs], held["agree"][0], by_kind)
     seconds["evaluation"] = time.perf_counter() - t0
     gen = data["generated"]
     card = {
@@ -458,6 +502,11 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
         "data_reused": data["reused"],  # parts loaded from the specnb cache (their seconds are load times)
         "machine": machine_info(target),
         "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "validation_gap": {**gap, "machine": machine_line(target)},
     }
-    folder = save_head(head, card, Path(out) if out else head_dir())
+    folder = Path(out) if out else head_dir()
+    packaged = packaged_dir() / "draft_head.json"
+    if packaged.exists() and folder.resolve() != packaged.parent.resolve():
+        carry_studies(card, json.loads(packaged.read_text()), "specnb/data/draft_head.json")
+    save_head(head, card, folder)
     return head, card

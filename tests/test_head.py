@@ -432,3 +432,31 @@ def test_a_reused_prefill_gives_the_tokens_of_a_fresh_one(target, prompts, tiny_
     runs = [speculative_sample(target, HeadDraft(head), ids, 3, 8, params, seed=0, prefilled=pre).tokens
             for _ in range(2)]
     assert runs[1] != runs[0]
+
+
+def test_a_retrained_head_inherits_the_recipe_studies_only_for_the_same_recipe():
+    """`make draft` writes a new card into the specnb cache, which chapter 7 then reads: the packaged card's
+    recipe studies are copied into it (and named as copied) only when the recipe is the same, and a card
+    without them stops chapter 7 with the command that measures them, never a KeyError."""
+    import copy
+    import json
+
+    from specnb import head_study
+    from specnb import train_head as th
+
+    ref = json.loads((th.packaged_dir() / "draft_head.json").read_text())
+    fresh = {k: copy.deepcopy(v) for k, v in ref.items() if k not in th.STUDY_KEYS}
+    fresh["created"] = "later"
+    assert th.carry_studies(fresh, ref, "specnb/data/draft_head.json") == list(th.STUDY_KEYS)
+    assert all(fresh[k] == ref[k] for k in th.STUDY_KEYS)
+    assert fresh["studies_from"] == {"card": "specnb/data/draft_head.json", "created": ref["created"],
+                                     "machine": ref["machine"]}
+    assert head_study.require_studies(fresh) is fresh
+    other = {k: copy.deepcopy(v) for k, v in ref.items() if k not in th.STUDY_KEYS}
+    other["config"]["train"]["lr"] = other["config"]["train"]["lr"] / 2
+    assert th.carry_studies(other, ref, "x") == [] and "studies_from" not in other
+    with pytest.raises(th.HeadUnavailableError, match="--ablation --learning-curve --compare-layers 2 15 27 --recipe-levers"):
+        head_study.require_studies(other)
+    del other["validation_gap"]
+    with pytest.raises(th.HeadUnavailableError, match="--validation-gap"):
+        head_study.require_studies(other)

@@ -41,6 +41,16 @@ def test_quick_training_run_end_to_end(tmp_path, monkeypatch, capsys):
     assert last < first, (first, last)
     head, _ = th.load_head(load_offline_target().model)
     assert head.cfg.draft_vocab == len(head.vocab_ids) <= 2048
+    # the validation gap is measured by training itself; the packaged card's recipe studies are not copied
+    # into a card of another recipe, and chapter 7 then stops with the command that measures them
+    vg = card["validation_gap"]
+    assert vg["validation_sequences"] == d["validation_sequences"] and vg["held_out_a1"] == card["held_out"]["agree"][0]
+    assert sum(r["validation"]["conversations"] for r in vg["by_kind"].values()) == d["validation_sequences"]
+    assert 0 <= vg["validation_a1"] <= 1 and "studies_from" not in card and "ablation" not in card
+    assert "recipe studies: not copied" in out
+    from specnb import head_study
+    with pytest.raises(th.HeadUnavailableError, match="specnb head-study --ablation --learning-curve"):
+        head_study.require_studies(card)
     # the studies on the same cached data: two levers and a two-point learning curve, into the card
     assert main(["head-study", "--quick", "--threads", "1", "--ablation", "--levers", "hard labels", "input norms",
                  "--fraction", "1", "--learning-curve", "--fractions", "0.5", "1"]) == 0
