@@ -445,6 +445,8 @@ def test_a_retrained_head_inherits_the_recipe_studies_only_for_the_same_recipe()
     from specnb import train_head as th
 
     ref = json.loads((th.packaged_dir() / "draft_head.json").read_text())
+    # `make draft` trains TrainConfig(): the packaged head's recipe, so its card inherits the studies
+    assert json.loads(json.dumps(th.asdict(th.TrainConfig()))) == ref["config"]["train"]
     fresh = {k: copy.deepcopy(v) for k, v in ref.items() if k not in th.STUDY_KEYS}
     fresh["created"] = "later"
     assert th.carry_studies(fresh, ref, "specnb/data/draft_head.json") == list(th.STUDY_KEYS)
