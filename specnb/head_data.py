@@ -368,6 +368,14 @@ def held_out_set(cfg):
     return prompts[:cfg.max_held_out] if cfg.max_held_out else prompts
 
 
+def conversation_kinds(ids: dict, seed: int) -> list[str]:
+    """The kind of text of each committed conversation in ``ids`` (:func:`load_training_ids`): its prompt's."""
+    from .corpus import training_prompts
+
+    kinds_of_prompt = [p.kind for p in training_prompts(ids["meta"].get("seed", seed))]
+    return [kinds_of_prompt[i] for i in ids["prompt_index"]]
+
+
 def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_path: Path = IDS_FILE) -> tuple[dict, dict]:
     """The data sets ``generated``, ``teacher``, ``held_out`` (lists of :class:`Sequence`), seconds per
     stage, and what was dropped for sharing an 8-gram with the held-out data.
@@ -403,11 +411,7 @@ def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_pat
     exclude = template_ngrams(tokenizer)
     held_docs = [s.tokens.tolist() + [int(s.labels[-1])] for s in data["held_out"]]
     data["dropped"] = {}
-    # the kind of text of each generated conversation (its prompt's kind): the validation gap is per kind
-    from .corpus import training_prompts
-
-    kinds_of_prompt = [p.kind for p in training_prompts(ids["meta"].get("seed", cfg.seed))]
-    kinds = [kinds_of_prompt[ids["prompt_index"][i]] for i in range(len(data["generated"]))]
+    kinds = conversation_kinds(ids, cfg.seed)[:len(data["generated"])]  # the validation gap is per kind
     for part in ("generated", "teacher"):
         bad = set(shared_ngrams([s.tokens.tolist() for s in data[part]], held_docs, exclude,
                                 tokenizer.all_special_ids))

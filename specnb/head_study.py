@@ -191,8 +191,8 @@ def validation_gap(target, tokenizer, head, card: dict) -> dict:
     less those sharing an 8-gram with the held-out data, then ``split_validation`` with the card's
     fraction and seed; only those conversations get float32 features (a minute, not the whole data).
     """
-    from .corpus import training_prompts
-    from .head_data import (_load_seqs, data_key, features, load_training_ids, shared_ngrams, template_ngrams)
+    from .head_data import (_load_seqs, conversation_kinds, data_key, features, load_training_ids, shared_ngrams,
+                            template_ngrams)
     from .head_io import head_dir, target_fingerprint
     from .train_head import TrainConfig, generate, held_out_set, split_validation
 
@@ -200,7 +200,6 @@ def validation_gap(target, tokenizer, head, card: dict) -> dict:
     cfg = TrainConfig(**{k: tuple(v) if k == "feature_layers" else v for k, v in tc.items()
                          if k in TrainConfig.__dataclass_fields__})
     ids = load_training_ids()
-    kinds_of_prompt = [p.kind for p in training_prompts(ids["meta"].get("seed", cfg.seed))]
     path = head_dir() / "data" / target_fingerprint(target) / f"{data_key(cfg, 'held_out')}.safetensors"
     held = _load_seqs(path) if path.exists() else generate(target, tokenizer, held_out_set(cfg), cfg.new_tokens, 16,
                                                             "held-out data", cfg.feature_layers)
@@ -211,7 +210,8 @@ def validation_gap(target, tokenizer, head, card: dict) -> dict:
     assert len(val) == card["data"]["validation_sequences"], "the validation split must be the one training used"
     seqs = features(target, [ids["ids"][i] for i in val], "generated", [ids["prompt_lens"][i] for i in val],
                     desc="features of the validation conversations", layers=cfg.feature_layers)
-    kinds = [kinds_of_prompt[ids["prompt_index"][i]] for i in val]
+    kinds_all = conversation_kinds(ids, cfg.seed)
+    kinds = [kinds_all[i] for i in val]
     return validation_gap_rows(head, seqs, kinds, card["held_out"]["agree"][0], card["held_out_by_kind"])
 
 
