@@ -86,6 +86,27 @@ oneDNN's own one-row time, but that is 1.32x MKL's).
 An earlier reading of torch.profiler's self times (14 ms outside the products at n = 1, 5 ms
 more at n = 5) overstated both: the profiler adds its own cost to every small operator.
 
+Tried on a later Xeon host (CPU family 6 model 167, AVX-512 with AMX, 2 cores, torch 2.13, this tree
+with q/k/v and gate/up fused; session of 2026-12-06, night), none kept, to bring T(5)/T(1) under 1.3
+there, where auto chose mixed from 4 rows and timed T(1) = 32.8 ms (MKL) and T(5) = 44.4 ms (oneDNN):
+
+* oneDNN's instruction set capped with ``ONEDNN_MAX_CPU_ISA`` (one process each, T(1) and T(5) of
+  the target, ms): default 40.3 / 41.5, AVX512_CORE_BF16 42.4 / 43.3, AVX512_CORE 41.9 / 43.2, AVX2
+  47.8 / 57.4: the default is already the fastest;
+* ``OMP_WAIT_POLICY=PASSIVE`` (MKL T(1) 31 -> 60 ms), ``ACTIVE`` and ``KMP_BLOCKTIME=0``: no gain;
+* a batch-size hint to the reorder (``_reorder_linear_weight(w, n)``): the hint 1 made the 960 x 576
+  product slower at n = 2 and 5 (69-74 us against 30-37 us), the hint 5 matched no hint;
+* MKL on at most 3 rows per call (a 5-row product as 3 + 2, each call re-reading a weight that the
+  480 MiB last-level cache may still hold): the 120 decoder products of a forward took 32.3 ms at
+  n = 4 and 33.1 ms at n = 5, against 30.0 / 31.0 ms as one MKL call and 21.6 / 22.7 ms through oneDNN;
+* ``W @ x^T`` on MKL (the weight as the left operand): 51 ms for the decoder products at every n >= 2.
+
+Where T(5) goes there (per forward, wall-clock timers around every linear call, 15 repeats): T(1)
+on MKL = 31.5 ms, of which the products 21.3 ms and the rest 10.2 ms; T(5) on oneDNN = 44.5 ms, the
+products 30.9 ms and the rest 13.6 ms. MKL's one-row product is a matrix-vector kernel that no
+multi-row kernel in reach matches (oneDNN's own one-row forward is 38.9-40.3 ms), so T(5)/T(1) <= 1.3
+(T(5) <= 41 ms) needs 3.5 ms less in the five-row products or in the rest at five rows.
+
 The chapter 7 head is run on its target's kernels (``head_io.load_head``): its linear layers like
 the target's, and its logits over the reduced vocabulary (``lm_rows``, a buffer, not an
 ``nn.Linear``) through :meth:`KernelLinear.over`. Before that product was covered, it ran on MKL
