@@ -506,7 +506,9 @@ def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, re
     """T(n) in ms (median) under MKL and under oneDNN, interleaved: ``{"mkl": {n: ms}, "onednn": {n: ms}}``.
 
     One cache prefilled with ``context_len`` seeded random ids; each timing feeds n more ids with
-    logits at every position (as a verify forward does), then rolls the cache back. Backends and n
+    logits at every position (as a verify forward does), then rolls the cache back. Each follows an
+    untimed one-token forward on the same backend (:func:`specnb.timing.lead_in_forward`: timed right
+    after the other backend's largest forward, T(1) reads slow). Backends and n
     alternate inside each repeat, so a noisy machine's drift hits both alike. Leaves the model on
     MKL; the caller installs its choice.
 
@@ -515,6 +517,7 @@ def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, re
     and ``budget_s`` seconds have passed. ``stats`` (a dict) receives the repeats and warm-up rounds run.
     """
     from .cache import forward, prefilled, rollback
+    from .timing import lead_in_forward
 
     backends = {"mkl": make("mkl"), "onednn": make("onednn")}
     times = {b: {n: [] for n in ns} for b in backends}
@@ -527,6 +530,7 @@ def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, re
         for b, kernels in backends.items():
             _install(model, kernels)
             for n in ns:
+                lead_in_forward(model, new, cache)   # each timed forward follows a one-token step
                 t0 = time.perf_counter()
                 forward(model, new[:n], cache)
                 dt = time.perf_counter() - t0

@@ -32,9 +32,17 @@ def _stats(times: list[float]) -> dict:
     return {"median": float(med), "q1": float(q1), "q3": float(q3), "min": float(min(times))}
 
 
+def lead_in_forward(model: torch.nn.Module, new: list[int], cache) -> None:
+    """One untimed one-token forward, rolled back: what precedes every timed forward of a T(n) curve
+    (:func:`forward_time_curve`, and the kernels' own timing), so each is timed after a one-token step."""
+    forward(model, new[:1], cache, logits_to_keep=1)
+    rollback(cache, 1)
+
+
 @torch.inference_mode()
 def forward_time_curve(model: torch.nn.Module, ns=(1, 2, 4, 8, 16), context_len: int = 64,
-                       repeats: int = 10, warmup: int = 2, seed: int = 0, progress: bool = True) -> dict:
+                       repeats: int = 10, warmup: int = 2, seed: int = 0, progress: bool = True,
+                       lead_in: bool = True) -> dict:
     """T(n) for each n in ``ns``: seconds for one forward of n new tokens after ``context_len`` cached ones.
 
     The cache is prefilled once with ``context_len`` seeded random token ids
@@ -42,6 +50,14 @@ def forward_time_curve(model: torch.nn.Module, ns=(1, 2, 4, 8, 16), context_len:
     (every position through the LM head, as a verify forward needs), then rolls
     the cache back by n. The n values are interleaved round-robin within each
     repeat, so slow drifts of a noisy machine hit every n alike.
+
+    Each timed forward follows an untimed one-token forward (the lead-in), as every forward
+    of decoding follows a one-token step. Without it, the first n of a round is timed right
+    after the previous round's largest forwards, and reads slow: on an Intel Xeon (2 cores,
+    mixed kernels) T(1) read 34-35 ms that way, in a notebook and in a plain process alike,
+    against 31.1 ms with the lead-in and 31.4 ms per plain decoding step, which turned a
+    two-token verify's T(2)/T(1) of 1.01-1.03 into 0.91-0.92 (38.7 ms and 0.84 in one build's
+    chapter 1). ``lead_in=False`` times the bare round-robin.
 
     Returns ``{"ns": [...], "context_len": int, "times": {n: [s, ...]},
     "median": {n: s}, "q1": {n: s}, "q3": {n: s}, "min": {n: s}, "machine": machine_info()}``.
@@ -51,6 +67,8 @@ def forward_time_curve(model: torch.nn.Module, ns=(1, 2, 4, 8, 16), context_len:
     times: dict[int, list[float]] = {n: [] for n in ns}
     for r in tqdm(range(warmup + repeats), desc="T(n) rounds", disable=not progress):
         for n in ns:
+            if lead_in:
+                lead_in_forward(model, new, cache)
             t0 = time.perf_counter()
             forward(model, new[:n], cache, logits_to_keep=0)
             dt = time.perf_counter() - t0
