@@ -165,6 +165,25 @@ class Kernels:
         return gemm + fused + (", grouped-KV attention" if self.attention == "grouped" else "")
 
 
+def from_label(label: str) -> Kernels:
+    """The :class:`Kernels` whose :attr:`Kernels.label` is ``label`` (as recorded in a results JSON or
+    card's machine), to rerun something on the kernels it was made with. Unknown text: ValueError."""
+    import re
+
+    m = re.fullmatch(r"(MKL kernels \(torch default\)|oneDNN kernels \(prepacked\)|"
+                     r"mixed kernels \(MKL below (\d+) rows, oneDNN from \2\))"
+                     r"(, q/k/v and gate/up fused)?(, grouped-KV attention)?", label.strip())
+    if m is None:
+        raise ValueError(f"not a kernels label: {label!r} (expected e.g. {make('mkl').label!r})")
+    backend = "mkl" if m[1].startswith("MKL") else "onednn" if m[1].startswith("oneDNN") else "mixed"
+    kernels = make(backend, int(m[2]) if m[2] else None, how=f"from the label {label.strip()!r}",
+                   attention="grouped" if m[4] else "repeat", fused=bool(m[3]) or backend == "mkl")
+    if kernels.label != label.strip():
+        raise ValueError(f"kernels label {label!r} does not describe kernels this torch can run "
+                         f"(it gives {kernels.label!r})")
+    return kernels
+
+
 def onednn_available() -> bool:
     """True when this torch build has oneDNN and its linear ops."""
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")

@@ -475,3 +475,16 @@ def test_a_model_that_ran_on_onednn_can_be_deep_copied():
     with torch.inference_mode():
         assert torch.equal(copied(x).logits, before)
     assert kernels_of(copied).backend == "onednn"
+
+
+def test_kernels_are_rebuilt_from_their_label():
+    """A card or results JSON records the kernels' label; from_label gives those kernels back (the
+    committed training ids regenerate bit for bit only under the kernels that made them)."""
+    for k in (make("mkl"), make("onednn"), make("onednn", fused=False), make("mixed", 4), make("mixed", 3, fused=False),
+              make("mixed", 4, attention="repeat"), make("mkl", attention="repeat")):
+        back = kernels.from_label(k.label)
+        assert (back.backend, back.onednn_from, back.attention, back.label) == (k.backend, k.onednn_from, k.attention, k.label)
+        assert back.fused == k.fused or k.backend == "mkl"
+    for bad in ("", "oneDNN kernels", "mixed kernels (MKL below 4 rows, oneDNN from 5)", "MKL kernels (torch default), fast"):
+        with pytest.raises(ValueError, match="kernels label"):
+            kernels.from_label(bad)
