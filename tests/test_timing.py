@@ -3,15 +3,18 @@ from specnb import timing
 from specnb.tiny import tiny_llama
 
 
-def _recorded(monkeypatch, **kw):
-    fed = []
-    real = timing.forward
-
+def _recording(real, fed: list):
+    """``real`` (a forward), appending the number of ids each call feeds to ``fed``."""
     def recording(model, ids, cache, **kwargs):
         fed.append(len(ids))
         return real(model, ids, cache, **kwargs)
 
-    monkeypatch.setattr(timing, "forward", recording)
+    return recording
+
+
+def _recorded(monkeypatch, **kw):
+    fed = []
+    monkeypatch.setattr(timing, "forward", _recording(timing.forward, fed))
     curve = timing.forward_time_curve(tiny_llama(seed=0), ns=(1, 3, 5), repeats=2, warmup=1, progress=False, **kw)
     return fed, curve
 
@@ -34,12 +37,7 @@ def test_the_kernels_timing_leads_in_too(monkeypatch):
     from specnb import cache, kernels
 
     fed = []
-    real = cache.forward
-
-    def recording(model, ids, c, **kwargs):
-        fed.append(len(ids))
-        return real(model, ids, c, **kwargs)
-
+    recording = _recording(cache.forward, fed)
     monkeypatch.setattr(cache, "forward", recording)
     monkeypatch.setattr(timing, "forward", recording)
     kernels.measure_curves(tiny_llama(seed=0), ns=(1, 3), context_len=8, repeats=1, warmup=0)
