@@ -136,8 +136,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import skinny
+from .skinny import MAX_ROWS as SKINNY_ROWS
+
 ENV = "SPECNB_KERNELS"
-CHOICES = ("auto", "mkl", "onednn", "mixed")
+CHOICES = ("auto", "mkl", "onednn", "mixed", "skinny")
 NEVER = sys.maxsize  # onednn_from for pure MKL: no forward has that many rows
 AUTO_NS = (1, 2, 3, 4, 5, 9)  # the n that auto times: decode steps and verify forwards of k = 1..4, 8
 AUTO_BUDGET_S = 20.0  # auto's timing stops at 3 measured repeats or more once this has passed
@@ -147,8 +150,8 @@ AUTO_BUDGET_S = 20.0  # auto's timing stops at 3 measured repeats or more once t
 class Kernels:
     """The kernels one model runs: oneDNN for forwards of at least ``onednn_from`` rows, else MKL."""
 
-    backend: str  # "mkl", "onednn" or "mixed"
-    onednn_from: int  # rows from which a linear layer runs oneDNN (1: always; NEVER: never)
+    backend: str  # "mkl", "onednn", "mixed" or "skinny"
+    onednn_from: int  # rows from which a linear layer runs oneDNN (1: always; NEVER: never); skinny: 1, above its rows
     how: str = ""  # how it was chosen: "SPECNB_KERNELS=mkl", "auto (measured ...)", "fallback: ..."
     curves: dict = field(default_factory=dict)  # auto's medians in ms: {"mkl": {n: ms}, "onednn": {n: ms}}
     attention: str = "grouped"  # "grouped": SDPA on the KV heads as stored; "repeat": transformers' default
@@ -159,6 +162,8 @@ class Kernels:
         """One short phrase for figure labels, JSON and ``specnb info``."""
         if self.backend == "mixed":
             gemm = f"mixed kernels (MKL below {self.onednn_from} rows, oneDNN from {self.onednn_from})"
+        elif self.backend == "skinny":
+            gemm = f"skinny kernels (specnb's own up to {SKINNY_ROWS} rows, oneDNN above)"
         else:
             gemm = {"mkl": "MKL kernels (torch default)", "onednn": "oneDNN kernels (prepacked)"}[self.backend]
         fused = ", q/k/v and gate/up fused" if self.fused and self.backend != "mkl" else ""
@@ -171,11 +176,13 @@ def from_label(label: str) -> Kernels:
     import re
 
     m = re.fullmatch(r"(MKL kernels \(torch default\)|oneDNN kernels \(prepacked\)|"
-                     r"mixed kernels \(MKL below (\d+) rows, oneDNN from \2\))"
+                     r"mixed kernels \(MKL below (\d+) rows, oneDNN from \2\)|"
+                     rf"skinny kernels \(specnb's own up to {SKINNY_ROWS} rows, oneDNN above\))"
                      r"(, q/k/v and gate/up fused)?(, grouped-KV attention)?", label.strip())
     if m is None:
         raise ValueError(f"not a kernels label: {label!r} (expected e.g. {make('mkl').label!r})")
-    backend = "mkl" if m[1].startswith("MKL") else "onednn" if m[1].startswith("oneDNN") else "mixed"
+    backend = ("mkl" if m[1].startswith("MKL") else "onednn" if m[1].startswith("oneDNN")
+               else "skinny" if m[1].startswith("skinny") else "mixed")
     kernels = make(backend, int(m[2]) if m[2] else None, how=f"from the label {label.strip()!r}",
                    attention="grouped" if m[4] else "repeat", fused=bool(m[3]) or backend == "mkl")
     if kernels.label != label.strip():
@@ -226,9 +233,11 @@ def _for_dtype(kernels: Kernels, model: torch.nn.Module) -> Kernels:
 
 def make(backend: str, onednn_from: int | None = None, how: str = "", attention: str = "grouped",
          fused: bool = True) -> Kernels:
-    """A :class:`Kernels` for ``backend`` in mkl/onednn/mixed (mixed needs ``onednn_from`` >= 2).
+    """A :class:`Kernels` for ``backend`` in mkl/onednn/mixed/skinny (mixed needs ``onednn_from`` >= 2).
 
-    Without oneDNN in this torch build, onednn and mixed fall back to mkl and ``how`` says so.
+    Without oneDNN in this torch build, onednn, mixed and skinny fall back to mkl and ``how`` says so;
+    where specnb's skinny kernels cannot be built (:func:`specnb.skinny.unavailable`), skinny falls
+    back to onednn, saying why.
     ``attention="repeat"`` keeps transformers' own SDPA call (what a user gets by default).
     """
     if backend not in CHOICES[1:]:
@@ -238,6 +247,12 @@ def make(backend: str, onednn_from: int | None = None, how: str = "", attention:
     if backend != "mkl" and not onednn_available():
         return Kernels("mkl", NEVER, f"fallback: this torch build has no oneDNN, {backend} -> mkl",
                        attention=attention)
+    if backend == "skinny":
+        why = skinny.unavailable()
+        if why is not None:
+            return Kernels("onednn", 1, f"fallback: specnb's skinny kernels do not run here ({why}), skinny -> onednn",
+                           attention=attention, fused=fused)
+        return Kernels("skinny", 1, how or f"specnb's skinny kernels ({skinny.isa()})", attention=attention, fused=fused)
     if backend == "mixed":
         if onednn_from is None or onednn_from < 2:
             raise ValueError(f"mixed kernels need onednn_from >= 2 (got {onednn_from}); use onednn for 1")
@@ -350,9 +365,18 @@ class KernelLinear(torch.nn.Linear):
                 or not onednn_supports(self.weight.dtype)):  # e.g. a copy cast to bfloat16 after use_kernels
             return F.linear(x, self.weight, self.bias)
         group = getattr(self, "_group", None)
-        if group is None or not self.kernels.fused:
-            return torch.ops.mkldnn._linear_pointwise(x, self._pack(), self.bias, "none", [], "")
-        return group.output(self, x)
+        if group is not None and self.kernels.fused:
+            return group.output(self, x)
+        if _runs_skinny(self.kernels, x, self.weight):
+            return skinny.linear(x, [self.weight], [self.bias])
+        return torch.ops.mkldnn._linear_pointwise(x, self._pack(), self.bias, "none", [], "")
+
+
+def _runs_skinny(kernels: Kernels, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether this product runs specnb's skinny kernel: the backend says so, float32, at most
+    :data:`SKINNY_ROWS` rows (a prompt's prefill runs oneDNN)."""
+    return (kernels.backend == "skinny" and x.dtype == weight.dtype == torch.float32
+            and x.numel() <= SKINNY_ROWS * weight.shape[1])
 
 
 def _version(x: torch.Tensor) -> int:
@@ -399,7 +423,10 @@ class FusedGroup:
     def output(self, member: KernelLinear, x: torch.Tensor) -> torch.Tensor:
         i = self.members.index(member)
         if not (x is self._input and self._input_version == _version(x) and i not in self._served):
-            y = torch.ops.mkldnn._linear_pointwise(x, self._pack(), self._bias, "none", [], "")
+            if _runs_skinny(member.kernels, x, member.weight):  # the members' own weights: no packed copy
+                y = skinny.linear(x, [m.weight for m in self.members], [m.bias for m in self.members])
+            else:
+                y = torch.ops.mkldnn._linear_pointwise(x, self._pack(), self._bias, "none", [], "")
             self._input, self._input_version, self._served = x, _version(x), set()
             self._outputs = y.split(self.splits, dim=-1)
         self._served.add(i)
@@ -515,14 +542,15 @@ def machine_key(model: torch.nn.Module) -> str:
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return (f"{_cpu_model()} | {os.cpu_count()} cores | {torch.get_num_threads()} threads | "
             f"torch {torch.__version__} | {type(model).__name__} {shape} {dtype} | grouped-KV attention | "
-            "oneDNN q/k/v and gate/up fused")
+            "oneDNN q/k/v and gate/up fused | skinny kernels timed" + ("" if skinny.unavailable() is None else " (none here)"))
 
 
 @torch.inference_mode()
 def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, repeats: int = 7,
                    warmup: int = 3, seed: int = 0, budget_s: float | None = None, min_repeats: int = 3,
                    stats: dict | None = None) -> dict:
-    """T(n) in ms (median) under MKL and under oneDNN, interleaved: ``{"mkl": {n: ms}, "onednn": {n: ms}}``.
+    """T(n) in ms (median) under MKL, oneDNN and, where it runs, specnb's skinny kernels, interleaved:
+    ``{"mkl": {n: ms}, "onednn": {n: ms}, "skinny": {n: ms}}`` (no "skinny" where :func:`specnb.skinny.unavailable`).
 
     One cache prefilled with ``context_len`` seeded random ids; each timing feeds n more ids with
     logits at every position (as a verify forward does), then rolls the cache back. Each follows an
@@ -539,6 +567,8 @@ def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, re
     from .timing import lead_in_forward
 
     backends = {"mkl": make("mkl"), "onednn": make("onednn")}
+    if skinny.unavailable() is None:
+        backends["skinny"] = make("skinny")
     times = {b: {n: [] for n in ns} for b in backends}
     _install(model, backends["mkl"])
     cache, new = prefilled(model, context_len, max(ns), seed)
@@ -568,10 +598,23 @@ def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, re
     return {b: {n: float(np.median(t)) * 1e3 for n, t in per_n.items()} for b, per_n in times.items()}
 
 
-def decide(curves: dict, allowed=("mkl", "onednn", "mixed")) -> tuple[str, int]:
+def decide(curves: dict, allowed=("mkl", "onednn", "mixed", "skinny")) -> tuple[str, int]:
     """``(backend, onednn_from)`` from measured curves: oneDNN from the smallest n at which it is
     faster than MKL there and at every larger n measured (1: onednn; never: mkl; else mixed).
-    ``allowed=("mixed",)`` forces a threshold of at least 2."""
+    ``allowed=("mixed",)`` forces a threshold of at least 2. Then, where ``curves`` has a "skinny"
+    curve and skinny is allowed: skinny when its mean T(n) over the measured n is below the mean of
+    the curve just chosen (the n are a decode step and verify forwards, so this is the faster verify curve)."""
+    choice = _decide_mkl_onednn(curves, allowed)
+    if "skinny" in curves and "skinny" in allowed:
+        ns = sorted(curves["mkl"])
+        backend, start = choice
+        chosen = [curves["onednn"][n] if n >= start else curves["mkl"][n] for n in ns]
+        if np.mean([curves["skinny"][n] for n in ns]) < np.mean(chosen):
+            return "skinny", 1
+    return choice
+
+
+def _decide_mkl_onednn(curves: dict, allowed) -> tuple[str, int]:
     ns = sorted(curves["mkl"])
     start = NEVER
     for n in reversed(ns):
@@ -608,7 +651,7 @@ def measured_once(path, key: str, measure, remeasure: bool = False) -> dict:
     return entry
 
 
-def choose_for(model: torch.nn.Module, allowed=("mkl", "onednn", "mixed"), remeasure: bool = False) -> Kernels:
+def choose_for(model: torch.nn.Module, allowed=("mkl", "onednn", "mixed", "skinny"), remeasure: bool = False) -> Kernels:
     """auto: the kernels for ``model`` on this machine, from the cache or measured now (and cached)."""
     if not onednn_available():
         return make("onednn")  # -> the mkl fallback, saying why
@@ -619,7 +662,8 @@ def choose_for(model: torch.nn.Module, allowed=("mkl", "onednn", "mixed"), remea
 
     def timed() -> dict:
         t0 = time.perf_counter()
-        print(f"specnb kernels: timing MKL and oneDNN on this machine once ({key}) ...", file=sys.stderr)
+        names = "MKL, oneDNN and specnb's skinny kernels" if skinny.unavailable() is None else "MKL and oneDNN"
+        print(f"specnb kernels: timing {names} on this machine once ({key}) ...", file=sys.stderr)
         stats = {}
         curves = measure_curves(model, budget_s=AUTO_BUDGET_S, stats=stats)
         return {"curves": curves, "seconds": round(time.perf_counter() - t0, 1), **stats,
@@ -631,7 +675,10 @@ def choose_for(model: torch.nn.Module, allowed=("mkl", "onednn", "mixed"), remea
     t = {b: ", ".join(f"{c[n]:.1f}" for n in sorted(c)) for b, c in curves.items()}
     reps = f", median of {entry['repeats']}" if "repeats" in entry else ""
     how = (f"auto, measured {entry['measured']}{reps}: T(n) for n = {', '.join(map(str, sorted(curves['mkl'])))} "
-           f"MKL {t['mkl']} ms, oneDNN {t['onednn']} ms")
+           f"MKL {t['mkl']} ms, oneDNN {t['onednn']} ms"
+           + (f", skinny ({skinny.isa()}) {t['skinny']} ms" if "skinny" in t else ""))
+    if backend == "skinny" and skinny.unavailable() is not None:  # a curve cached by a machine that could build it
+        return make("skinny", how=how)  # -> onednn, saying why
     return Kernels(backend, start, how, curves)
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from specnb import kernels
+from specnb import kernels, skinny
 from specnb.decode import greedy, speculative_greedy
 from specnb.drafts import ModelDraft, PromptLookupDraft
 from specnb.kernels import NEVER, KernelLinear, decide, kernels_of, make, use_kernels
@@ -14,7 +14,9 @@ from specnb.tiny import perturbed_copy, tiny_llama
 pytestmark = pytest.mark.skipif(not kernels.onednn_available(), reason="this torch build has no oneDNN")
 
 BACKENDS = {"mkl": lambda: make("mkl"), "onednn": lambda: make("onednn"), "mixed": lambda: make("mixed", 3),
-            "onednn-unfused": lambda: make("onednn", fused=False)}
+            "onednn-unfused": lambda: make("onednn", fused=False), "skinny": lambda: make("skinny"),
+            "skinny-unfused": lambda: make("skinny", fused=False)}
+SKINNY = skinny.unavailable() is None
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +138,39 @@ def test_decide_takes_onednn_from_the_crossing(curves, expected):
     assert decide(curves) == expected
 
 
+@pytest.mark.parametrize("skinny_curve, expected", [
+    ({1: 30, 2: 31, 4: 33, 9: 40}, ("skinny", 1)),   # below mixed's 30, 31, 42, 50 on average
+    ({1: 45, 2: 46, 4: 40, 9: 42}, ("mixed", 4)),    # faster at 4 and 9 only: the mean says mixed
+])
+def test_decide_takes_skinny_when_its_mean_curve_is_faster(skinny_curve, expected):
+    curves = {"mkl": {1: 30, 2: 31, 4: 45, 9: 60}, "onednn": {1: 40, 2: 41, 4: 42, 9: 50}, "skinny": skinny_curve}
+    assert decide(curves) == expected
+    assert decide(curves, allowed=("mkl", "onednn", "mixed")) == ("mixed", 4)  # skinny not allowed
+
+
+def test_without_skinny_kernels_skinny_falls_back_to_onednn_and_says_why(monkeypatch):
+    monkeypatch.setattr(skinny, "_WHY", "no C++ compiler (install one: apt-get install -y g++)")
+    monkeypatch.setattr(skinny, "_EXT", None)
+    k = make("skinny")
+    assert k.backend == "onednn" and "no C++ compiler" in k.how and "skinny -> onednn" in k.how
+    assert set(kernels.measure_curves(tiny_llama(seed=0), ns=(1,), repeats=1, warmup=0)) == {"mkl", "onednn"}
+
+
+@pytest.mark.skipif(not SKINNY, reason="specnb's skinny kernels do not run here")
+def test_skinny_routes_by_rows_and_dtype(monkeypatch):
+    """Up to SKINNY_ROWS rows of float32: the skinny kernel; more rows (a prefill): oneDNN."""
+    calls = []
+    real = skinny.linear
+    monkeypatch.setattr(skinny, "linear", lambda x, ws, bs=None: calls.append(x.shape[:-1].numel()) or real(x, ws, bs))
+    lin = KernelLinear.wrap(torch.nn.Linear(16, 8), make("skinny"))
+    with torch.no_grad():  # a weight that needs a gradient runs torch's own product
+        for rows in (1, 5, kernels.SKINNY_ROWS, kernels.SKINNY_ROWS + 1):
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+        lin.bfloat16()(torch.randn(2, 16, dtype=torch.bfloat16))  # bfloat16: oneDNN or torch, never this kernel
+    assert calls == [1, 5, kernels.SKINNY_ROWS]
+
+
 def test_auto_measures_once_and_caches_per_machine(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECNB_CACHE", str(tmp_path))
     calls = []
@@ -155,7 +190,7 @@ def test_measure_curves_on_a_tiny_model_leaves_it_on_mkl():
     model = tiny_llama(seed=0)
     use_kernels(model, make("onednn"))
     curves = kernels.measure_curves(model, ns=(1, 3), repeats=2, warmup=1)
-    assert set(curves) == {"mkl", "onednn"} and set(curves["mkl"]) == {1, 3}
+    assert set(curves) == {"mkl", "onednn"} | ({"skinny"} if SKINNY else set()) and set(curves["mkl"]) == {1, 3}
     assert all(ms > 0 for c in curves.values() for ms in c.values())
 
 
@@ -477,11 +512,12 @@ def test_a_model_that_ran_on_onednn_can_be_deep_copied():
     assert kernels_of(copied).backend == "onednn"
 
 
-def test_kernels_are_rebuilt_from_their_label():
+def test_kernels_are_rebuilt_from_their_label_skinny_too():
     """A card or results JSON records the kernels' label; from_label gives those kernels back (the
     committed training ids regenerate bit for bit only under the kernels that made them)."""
     for k in (make("mkl"), make("onednn"), make("onednn", fused=False), make("mixed", 4), make("mixed", 3, fused=False),
-              make("mixed", 4, attention="repeat"), make("mkl", attention="repeat")):
+              make("mixed", 4, attention="repeat"), make("mkl", attention="repeat"), make("skinny"),
+              make("skinny", fused=False)):
         back = kernels.from_label(k.label)
         assert (back.backend, back.onednn_from, back.attention, back.label) == (k.backend, k.onednn_from, k.attention, k.label)
         assert back.fused == k.fused or k.backend == "mkl"
