@@ -128,11 +128,16 @@ class BackendDivergence:
 
 
 def compare_backends(model, tokenizer, prompts: list[Prompt], max_new_tokens: int = 32,
-                     backends=("mkl", "onednn"), progress: bool = True) -> tuple[int, list[BackendDivergence]]:
+                     backends=("mkl", "onednn", "skinny"), progress: bool = True) -> tuple[int, list[BackendDivergence]]:
     """Plain greedy on each backend for every prompt: ``(prompts identical on all, divergences)``.
+
+    A backend that cannot run here (skinny without a C++ compiler) is left out rather than run as its fallback.
 
     The model's own kernels are restored afterwards.
     """
+    from .skinny import unavailable
+
+    backends = tuple(b for b in backends if b != "skinny" or unavailable() is None)
     eos = tokenizer.eos_token_id
     same, out = 0, []
     for i, prompt in enumerate(tqdm(prompts, desc="greedy per backend", disable=not progress)):

@@ -25,20 +25,35 @@ and 5.0 ms at n = 1, 2, 4, 9. But each call has a fixed cost of about 10 us, so 
 decoder matrices it loses at n <= 3 (576x576: 23 us against 13 us), and a 1-token forward of the
 target takes 40 ms through oneDNN against 33 ms through MKL.
 
-So this module offers three backends, and picks one by measuring the model at hand:
+Neither library streams W at full speed for 2 to 9 rows, which is what a verify forward needs, so
+specnb has its own kernel for exactly that (:mod:`specnb.skinny`, C++ built at first use): each
+block of 4 weight rows read once and multiplied with every row of x while in L1, the next block
+prefetched meanwhile, sibling weights in one call. On the Xeon (family 6 model 167, 2 cores, session
+of 2026-12-07), one product: 576x576 at n = 1, 5, 9: 6.4, 13.9, 21.7 us (MKL 12.1, 38.4, 48.3; oneDNN
+24.0, 27.5, 38.0); 3072x576: 121, 130, 172 us (MKL 125, 243, 365; oneDNN 155, 158, 203). The whole
+target, auto's interleaved timing, T(n) for n = 1, 2, 3, 4, 5, 9: MKL 32.5, 33.8, 36.1, 49.1, 51.0,
+61.5 ms; oneDNN 43.3, 45.0, 45.7, 45.9, 47.7, 53.2 ms; skinny 32.4, 33.4, 35.4, 36.3, 37.5, 42.9 ms,
+so T(5)/T(1) = 1.16 where the best the two libraries allowed was 44.4 / 32.8 = 1.35. The prefetch
+is most of it: without it the same kernel gave T(5) = 43.8 ms, with one block ahead 36.1 ms, with
+three 37.4 ms.
+
+So this module offers four backends, and picks one by measuring the model at hand:
 
 * ``mkl``: the linear layers as transformers leaves them (torch's default BLAS);
 * ``onednn``: every linear layer through oneDNN with its weight prepacked once;
 * ``mixed``: MKL for forwards of fewer than ``onednn_from`` rows, oneDNN from there on; the
-  pointwise faster of the two curves where they cross once (as on the Xeon).
+  pointwise faster of the two curves where they cross once (as on the Xeon before the skinny kernel);
+* ``skinny``: specnb's kernel for forwards of up to :data:`SKINNY_ROWS` rows (float32), oneDNN
+  above (a prompt's prefill) and for other dtypes.
 
-``SPECNB_KERNELS=auto|mkl|onednn|mixed`` chooses (default ``auto``). ``auto`` times T(n) for
-n = 1..5 and 9 under MKL and oneDNN, interleaved on the same cache (a few seconds; a model whose
+``SPECNB_KERNELS=auto|mkl|onednn|mixed|skinny`` chooses (default ``auto``). ``auto`` times T(n) for
+n = 1..5 and 9 under MKL, oneDNN and the skinny kernel (where it can be built), interleaved on the
+same cache, takes MKL, oneDNN or mixed by the rule below, and then the skinny kernel instead when
+its T(n), averaged over those n, is lower (a few seconds; a model whose
 rounds are slow, such as a 774M shape twin, stops after 3 interleaved repeats once 20 s have
 passed, with one warm-up round instead of 3: 89 s -> about 35 s for gpt2-large's twin on a
-2-core AMD EPYC), takes
-oneDNN from the smallest n at which it is faster there and at every larger n measured, and
-caches the choice with its curves per machine, torch version and model shape in the specnb cache
+2-core AMD EPYC). The rule between the libraries: oneDNN from the smallest n at which it is faster
+there and at every larger n measured. auto caches the choice with its curves per machine, torch version and model shape in the specnb cache
 (``kernels.json``). Every backend is applied to the model as a whole, so plain greedy and
 speculative decoding on one model always run the same kernels; the label says which.
 

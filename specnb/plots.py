@@ -299,11 +299,11 @@ def kernel_curves(curves: dict, chosen: dict, gemm_rows: list[dict], machine: st
     product time at n over its time at n = 1 (right). ``curves``: {backend: {n: ms}} (interleaved
     medians); ``chosen``: {"label": str, "ms": {n: ms}}; ``gemm_rows`` from
     :func:`specnb.profile_verify.gemm_table`."""
-    colors = {"mkl": "tab:red", "onednn": "tab:blue"}
+    colors = {"mkl": "tab:red", "onednn": "tab:blue", "skinny": "tab:green"}
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
     for be, c in curves.items():
         ns = sorted(c)
-        ax.plot(ns, [c[n] for n in ns], "o-", color=colors.get(be), label=f"{be} (interleaved with the other)")
+        ax.plot(ns, [c[n] for n in ns], "o-", color=colors.get(be), label=f"{be} (interleaved with the others)")
     ns = sorted(chosen["ms"])
     ax.plot(ns, [chosen["ms"][n] for n in ns], "k--", marker="x", label=f"in use: {chosen['label']}")
     ax.set(xlabel="tokens in one forward, n", ylabel="T(n), ms (median)", title="T(n) by kernel backend")

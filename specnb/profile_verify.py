@@ -28,9 +28,10 @@ from tqdm.auto import tqdm
 
 from .cache import _decoder_and_head, cache_keyword, forward, prefilled, rollback
 from .kernels import KernelLinear, kernels_of, make, use_kernels
+from .skinny import unavailable
 
-BACKENDS = ("mkl", "onednn")
-NAMED = ("mkl", "onednn", "mixed", "onednn-unfused")  # what ``backends`` may name
+BACKENDS = ("mkl", "onednn") + (("skinny",) if unavailable() is None else ())  # skinny: where it can be built
+NAMED = ("mkl", "onednn", "mixed", "onednn-unfused", "skinny")  # what ``backends`` may name
 
 
 def _kernels_named(name: str):

@@ -9,8 +9,9 @@ from specnb.prompts import PROMPTS, encode
 pytestmark = pytest.mark.real
 KINDS = ["code", "prose", "dialogue", "list", "grounded"]
 # Every real-model equivalence test and negative control runs under each kernel backend
-# (specnb.kernels): MKL, oneDNN, and MKL below 4 rows with oneDNN from 4.
-BACKENDS = {"mkl": lambda: make("mkl"), "onednn": lambda: make("onednn"), "mixed": lambda: make("mixed", 4)}
+# (specnb.kernels): MKL, oneDNN, MKL below 4 rows with oneDNN from 4, and specnb's skinny kernels.
+BACKENDS = {"mkl": lambda: make("mkl"), "onednn": lambda: make("onednn"), "mixed": lambda: make("mixed", 4),
+            "skinny": lambda: make("skinny")}
 
 
 @pytest.fixture(params=list(BACKENDS))
