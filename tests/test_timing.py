@@ -40,5 +40,6 @@ def test_the_kernels_timing_leads_in_too(monkeypatch):
     recording = _recording(cache.forward, fed)
     monkeypatch.setattr(cache, "forward", recording)
     monkeypatch.setattr(timing, "forward", recording)
-    kernels.measure_curves(tiny_llama(seed=0), ns=(1, 3), context_len=8, repeats=1, warmup=0)
-    assert fed == [8] + [1, 1, 1, 3] * 2, fed   # the prefill, then MKL's round and oneDNN's
+    curves = kernels.measure_curves(tiny_llama(seed=0), ns=(1, 3), context_len=8, repeats=1, warmup=0)
+    assert len(curves) in (2, 3)   # MKL, oneDNN and, where it can be built, the skinny kernel
+    assert fed == [8] + [1, 1, 1, 3] * len(curves), fed   # the prefill, then one round per backend
