@@ -236,8 +236,13 @@ def _dtype_of(model: torch.nn.Module) -> torch.dtype | None:
 
 
 def _for_dtype(kernels: Kernels, model: torch.nn.Module) -> Kernels:
-    """``kernels``, or MKL saying why when oneDNN cannot run this model's dtype on this CPU."""
+    """``kernels``, or MKL saying why when oneDNN cannot run this model's dtype on this CPU; skinny
+    kernels on a model that is not float32 become oneDNN (or that MKL), saying why."""
     dtype = _dtype_of(model)
+    if kernels.backend == "skinny" and dtype not in (None, torch.float32):
+        name = str(dtype).removeprefix("torch.")
+        kernels = Kernels("onednn", 1, f"specnb's skinny kernels run float32 only, so this {name} model runs "
+                                       f"skinny -> onednn", attention=kernels.attention, fused=kernels.fused)
     if kernels.backend == "mkl" or dtype is None or not onednn_available() or onednn_supports(dtype):
         return kernels
     name = str(dtype).removeprefix("torch.")
@@ -565,7 +570,8 @@ def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, re
                    warmup: int = 3, seed: int = 0, budget_s: float | None = None, min_repeats: int = 3,
                    stats: dict | None = None) -> dict:
     """T(n) in ms (median) under MKL, oneDNN and, where it runs, specnb's skinny kernels, interleaved:
-    ``{"mkl": {n: ms}, "onednn": {n: ms}, "skinny": {n: ms}}`` (no "skinny" where :func:`specnb.skinny.unavailable`).
+    ``{"mkl": {n: ms}, "onednn": {n: ms}, "skinny": {n: ms}}`` (no "skinny" where :func:`specnb.skinny.unavailable`,
+    or for a model that is not float32).
 
     One cache prefilled with ``context_len`` seeded random ids; each timing feeds n more ids with
     logits at every position (as a verify forward does), then rolls the cache back. Each follows an
@@ -582,7 +588,7 @@ def measure_curves(model: torch.nn.Module, ns=AUTO_NS, context_len: int = 64, re
     from .timing import lead_in_forward
 
     backends = {"mkl": make("mkl"), "onednn": make("onednn")}
-    if skinny.unavailable() is None:
+    if skinny.unavailable() is None and _dtype_of(model) == torch.float32:  # its kernel is float32 only
         backends["skinny"] = make("skinny")
     times = {b: {n: [] for n in ns} for b in backends}
     _install(model, backends["mkl"])

@@ -157,6 +157,17 @@ def test_without_skinny_kernels_skinny_falls_back_to_onednn_and_says_why(monkeyp
 
 
 @pytest.mark.skipif(not SKINNY, reason="specnb's skinny kernels do not run here")
+def test_a_bfloat16_model_is_neither_timed_nor_labelled_skinny():
+    """The skinny kernel is float32 only: a bfloat16 model gets no skinny curve, and asking for skinny
+    gives oneDNN (or MKL where oneDNN has no bfloat16 path), saying why, so no label claims skinny."""
+    model = tiny_llama(seed=0).to(torch.bfloat16)
+    assert "skinny" not in kernels.measure_curves(model, ns=(1,), repeats=1, warmup=0)
+    k = use_kernels(model, make("skinny"))
+    assert k.backend in ("onednn", "mkl") and "skinny" not in k.label and "float32 only" in k.how + kernels._for_dtype(
+        make("skinny"), model).how
+
+
+@pytest.mark.skipif(not SKINNY, reason="specnb's skinny kernels do not run here")
 def test_skinny_routes_by_rows_and_dtype(monkeypatch):
     """Up to SKINNY_ROWS rows of float32: the skinny kernel; more rows (a prefill): oneDNN."""
     calls = []
