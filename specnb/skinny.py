@@ -66,6 +66,8 @@ def _build_key(flags: set[str]) -> str:
 
 def _missing(flags: set[str]) -> str | None:
     """Why this machine cannot build the kernel, or None."""
+    if not SOURCE.exists():
+        return f"its source {SOURCE} is missing from this install of specnb"
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"it is x86 code and this CPU is {platform.machine()}"
     if not ("avx512f" in flags or {"avx2", "fma"} <= flags):

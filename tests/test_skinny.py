@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from specnb import skinny
 
 # CI installs a compiler (.ci/run): there the tests fail, naming why, instead of skipping
-pytestmark = pytest.mark.skipif(skinny.unavailable() is not None and not os.environ.get("CI"),
-                                reason=f"skinny kernels: {skinny.unavailable()}")
+needs_kernel = pytest.mark.skipif(skinny.unavailable() is not None and not os.environ.get("CI"),
+                                  reason=f"skinny kernels: {skinny.unavailable()}")
 
 SHAPES = [(1, 7), (5, 17), (3, 33), (576, 576), (961, 577), (40, 1536)]  # (N, K): tails in N and in K
 
@@ -27,12 +27,14 @@ def _check(linear, rows: int, n: int, k: int, seed: int = 0):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
+@needs_kernel
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 9, 10, 16])
 @pytest.mark.parametrize("n, k", SHAPES)
 def test_the_products_match_torch(rows, n, k):
     _check(skinny.linear, rows, n, k)
 
 
+@needs_kernel
 def test_batched_input_keeps_its_shape_and_a_wrong_width_is_refused():
     x, w = torch.randn(2, 3, 64), torch.randn(10, 64)
     assert skinny.linear(x, [w]).shape == (2, 3, 10)
@@ -43,6 +45,7 @@ def test_batched_input_keeps_its_shape_and_a_wrong_width_is_refused():
         skinny.linear(x.bfloat16(), [w])
 
 
+@needs_kernel
 def test_a_broken_kernel_is_caught():
     """Negative control: the same check must fail for a kernel that drops the K tail."""
     def no_tail(x, ws, bs=None):
@@ -53,6 +56,7 @@ def test_a_broken_kernel_is_caught():
         _check(no_tail, 3, 5, 17)
 
 
+@needs_kernel
 def test_the_avx2_build_matches_torch_too(tmp_path):
     """Where the CPU has AVX-512, build the AVX2 variant as well (-mno-avx512f), so both paths are tested."""
     if skinny.isa() != "AVX-512":
@@ -66,3 +70,14 @@ def test_the_avx2_build_matches_torch_too(tmp_path):
     for rows in (1, 2, 3, 5):
         for n, k in SHAPES:
             _check(lambda x, ws, bs=None: ext.linear(x, ws, bs or [None] * len(ws), 1), rows, n, k)
+
+
+def test_why_it_cannot_run_is_named(monkeypatch, tmp_path):
+    """Each reason the kernel cannot be built here is one phrase naming the fix (runs on any machine)."""
+    flags = {"avx2", "fma", "avx512f"}
+    monkeypatch.setattr(skinny, "SOURCE", tmp_path / "gone.cpp")
+    assert "missing from this install" in skinny._missing(flags)
+    monkeypatch.setattr(skinny, "SOURCE", tmp_path)  # exists
+    assert "neither AVX-512 nor AVX2" in skinny._missing({"sse2"})
+    monkeypatch.setattr(skinny.shutil, "which", lambda name: None)
+    assert "no C++ compiler" in skinny._missing(flags)

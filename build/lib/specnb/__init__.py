@@ -1,0 +1,1 @@
+"""specnb: speculative decoding, measured. See the book for the why; each module says what it covers."""

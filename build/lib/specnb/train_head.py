@@ -1,0 +1,512 @@
+"""Training the draft head of ``head.py`` (chapter 7): recipe, loss, evaluation, checkpoint.
+
+1. **Data** (``head_data.py``): float32 teacher-forced features and labels over the committed
+   generated conversations and over teacher-forced text; held-out continuations kept disjoint.
+2. **Training**: the head sees pairs (f_t, x_{t+1}) and learns to predict the target's next
+   token (cross-entropy over its reduced vocabulary V', against the target's argmax or, with
+   ``soft_labels``, against the target's whole softmax over V') and f_{t+1} (smooth-L1 regression,
+   weighted by ``reg_weight``). With ``depth > 1`` it also learns from its own fed-back
+   features ("training-time test", EAGLE-3): pass d feeds pass d-1's predictions back,
+   with the attention mask of drafting, weighted ``depth_decay ** d``. ``noise`` adds uniform
+   noise to the input features (EAGLE-1). Early stopping on a validation split of the
+   *training* conversations (never the held-out ones).
+3. **Evaluation**: the same chained passes on held-out continuations give the
+   agreement with the target at each draft position.
+
+The checkpoint (``draft_head.safetensors`` in fp16 plus the card ``draft_head.json``) is written
+and read by ``head_io.py``; this module re-exports its names for the chapters' ``th.load_head``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .head import DraftHead, HeadConfig
+from .head_data import (Sequence, build_data, draft_vocabulary, features, generate, generate_ids,  # noqa: F401
+                        held_out_set, teacher_docs, vocab_coverage)
+from .head_io import (FORMAT, HEAD_NAME, HeadUnavailableError, find_head, head_dir, load_head,  # noqa: F401
+                      packaged_dir, save_head, target_fingerprint)
+
+
+@dataclass
+class TrainConfig:
+    """Everything `specnb train-draft` does; the defaults are the full run (`make draft`)."""
+
+    seed: int = 0
+    new_tokens: int = 192  # held-out continuation length (the committed ids were generated with the same)
+    max_prompts: int = 0  # 0: every committed generated conversation; n: the first n
+    teacher_chars: int = 2_600_000  # characters of teacher-forced text (reference pages, stdlib code, docstrings)
+    doc_tokens: int = 512  # teacher documents are cut into windows of this many tokens
+    train_fraction: float = 1.0  # learning curve: train on this seeded share of the training documents
+    draft_vocab: int = 8192  # V': the reduced draft vocabulary (most frequent target labels)
+    input_norms: bool = False  # separate RMS norms on the token embedding and the feature before fc (EAGLE-3)
+    feature_layers: tuple = ()  # also read these target layers' outputs, fused with the last (EAGLE-3); () = last only
+    soft_labels: bool = False  # cross-entropy against the target's softmax over V' (else its argmax)
+    depth: int = 2  # chained passes in training (1: no training-time test)
+    depth_decay: float = 0.8  # pass d's loss weight is depth_decay ** d (EAGLE-3)
+    ce_weight: float = 1.0  # weight of the token cross-entropy
+    reg_weight: float = 0.1  # weight of the feature regression (EAGLE-1: 1.0, with ce_weight 0.1)
+    noise: float = 0.0  # uniform noise U(-noise, noise) on the input features (EAGLE-1)
+    bf16: bool = True  # bfloat16 autocast for the training passes where the CPU has bf16 units (weights stay float32)
+    epochs: float = 2.0
+    batch_tokens: int = 2048  # tokens per optimizer step
+    seq_len: int = 256  # training windows
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup: int = 50
+    init_from_last_layer: bool = True
+    init_fc_identity: bool = False  # start fc as [0 | I]: the layer first sees the target's own feature
+    val_fraction: float = 0.04  # share of the generated training conversations kept for early stopping
+    val_every: int = 100  # steps between validation evaluations
+    patience: int = 4  # stop after this many validations without a better a_1
+    eval_depth: int = 4
+    max_held_out: int = 0  # 0: every held-out prompt (quick runs evaluate on fewer)
+
+    @classmethod
+    def quick(cls, **overrides) -> "TrainConfig":
+        """A run of a minute or two that exercises every stage (tests, CI): tiny data, few steps."""
+        small = dict(max_prompts=24, new_tokens=24, teacher_chars=6000, epochs=2.0, depth=2, eval_depth=3,
+                     max_held_out=6, draft_vocab=2048, val_every=5, val_fraction=0.2, batch_tokens=1024)
+        return cls(**{**small, **overrides})
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Chained passes (training-time test) and the loss
+
+
+def chain_mask(T: int, d: int) -> torch.Tensor:
+    """``(1, 1, T, (d+1)*T)`` bool mask for pass d+1 (0-based ``d``) of a chain over T positions.
+
+    Query i of pass d+1 (the chain's (d+1)-th step from real pair i) sees pass-1 keys 0..i
+    (real pairs) and the key at index i of passes 2..d+1 (its own chain so far), exactly
+    what the head sees when it drafts its (d+1)-th token after position i.
+    """
+    i = torch.arange(T)
+    blocks = [i[None, :] <= i[:, None]] + [torch.eye(T, dtype=torch.bool)] * d
+    return torch.cat(blocks, dim=1)[None, None]
+
+
+def chained_forward(head: DraftHead, feats: torch.Tensor, tokens: torch.Tensor, depth: int,
+                    detach: bool = False, noise: float = 0.0) -> list[torch.Tensor]:
+    """``feats: (B, T, F)`` f_t, ``tokens: (B, T)`` x_t -> ``depth`` predictions, each ``(B, T - 1, H)``.
+
+    Prediction d (0-based) at index i is the head's guess of f_{i+d+1} after d of its own
+    features were fed back (pair (f^_{i+d}, x_{i+d+1}) at position i+d); it is scored against
+    ``labels[i + d + 1]``. One forward per pass, through a cache holding the earlier passes'
+    keys and values, with the masks of :func:`chain_mask`: the same computation as drafting.
+    ``noise`` (training only) adds U(-noise, noise) to the real input features of pass 1.
+    """
+    from transformers import DynamicCache
+
+    B, T, H = feats.shape
+    n = T - 1
+    pos = torch.arange(n)[None].expand(B, n)
+    cache = DynamicCache()
+    preds: list[torch.Tensor] = []
+    for d in range(depth):
+        if d == 0:
+            f_in, x_in = feats[:, :n], tokens[:, 1:]
+            if noise:
+                f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * noise
+        else:
+            f_in = preds[-1].detach() if detach else preds[-1]
+            x_in = torch.zeros_like(tokens[:, 1:])
+            x_in[:, :n - d] = tokens[:, 1 + d:]  # indices past the end are padding, never scored
+        preds.append(head(f_in, x_in, pos + d, chain_mask(n, d), cache))
+    return preds
+
+
+def loss_terms(head: DraftHead, preds: list[torch.Tensor], feats: torch.Tensor, labels: torch.Tensor,
+               valid: torch.Tensor, label_index: torch.Tensor, soft: bool = False,
+               decay: float = 1.0, with_agree: bool = True) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """Cross-entropy and regression over all passes (pass d weighted ``decay ** d``, normalised);
+    also the per-pass top-1 agreement on this batch (``with_agree=False``: an empty list; the
+    argmax over ``(B, T, V')`` costs about 6% of a training step, so the loop asks only when it logs).
+
+    ``labels: (B, T)`` target argmax ids; ``valid: (B, T)`` real (unpadded) positions;
+    ``label_index: (vocab,)`` maps a token id to its index in the reduced vocabulary, or -1.
+    ``soft``: the cross-entropy is against the target's softmax over V', ``softmax(lm_rows @ f_{t+1})``
+    (the target's logits restricted to V', from the stored feature); positions whose target token
+    is outside V' are left out in both cases.
+    """
+    n = feats.shape[1] - 1
+    H = head.cfg.hidden_size  # a multi-layer head's features end with the last hidden state: the target
+    ce_sum, reg_sum, agree, wsum = 0.0, 0.0, [], 0.0
+    for d, pred in enumerate(preds):
+        m = n - d  # indices with a label at i + d + 1
+        p = pred[:, :m]
+        y = labels[:, d + 1:d + 1 + m]
+        ok = valid[:, d + 1:d + 1 + m]
+        yi = label_index[y]
+        keep = ok & (yi >= 0)
+        logits = head.logits(p)  # (B, m, V')
+        target_f = feats[:, d + 1:d + 1 + m, -H:].float()
+        if not keep.any():
+            ce = logits.sum() * 0
+        elif soft:
+            with torch.no_grad():
+                q = torch.softmax(head.logits(target_f[keep]), dim=-1)  # (K, V') the target's distribution on V'
+            ce = -(q * torch.log_softmax(logits[keep], dim=-1)).sum(-1).mean()
+        else:  # the mean over kept positions; ignore_index instead of logits[keep] (a gather and a scatter of (B, m, V'))
+            ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), yi.masked_fill(~keep, -100).flatten(),
+                                                   ignore_index=-100)
+        reg = torch.nn.functional.smooth_l1_loss(p[ok], target_f[ok]) if ok.any() else p.sum() * 0
+        w = decay ** d
+        ce_sum = ce_sum + w * ce
+        reg_sum = reg_sum + w * reg
+        wsum += w
+        if with_agree:
+            with torch.no_grad():
+                hit = (head.vocab_ids[logits.argmax(-1)] == y) & ok
+                agree.append(float(hit.sum() / ok.sum().clamp(min=1)))
+    return ce_sum / wsum, reg_sum / wsum, agree
+
+
+def _windows(seqs: list[Sequence], seq_len: int) -> list[tuple[int, int, int]]:
+    """(sequence index, start, end) windows of at most ``seq_len`` tokens covering every sequence."""
+    out = []
+    for i, s in enumerate(seqs):
+        T = len(s.tokens)
+        step = seq_len - 8  # overlap a little so every position has left context somewhere
+        for a in range(0, max(T - 8, 1), step):
+            out.append((i, a, min(a + seq_len, T)))
+    return out
+
+
+def _batch(seqs: list[Sequence], windows, pad_to: int):
+    B = len(windows)
+    H = seqs[0].features.shape[1]
+    feats = torch.zeros(B, pad_to, H)
+    tokens = torch.zeros(B, pad_to, dtype=torch.long)
+    labels = torch.zeros(B, pad_to, dtype=torch.long)
+    valid = torch.zeros(B, pad_to, dtype=torch.bool)
+    for r, (i, a, b) in enumerate(windows):
+        s = seqs[i]
+        feats[r, :b - a] = s.features[a:b].float()
+        tokens[r, :b - a] = s.tokens[a:b]
+        labels[r, :b - a] = s.labels[a:b]
+        valid[r, :b - a] = True
+    return feats, tokens, labels, valid
+
+
+def bf16_training_supported() -> bool:
+    """Whether this CPU has bfloat16 units that oneDNN uses (AMX or AVX512-BF16).
+
+    Measured on the Intel Xeon (Sapphire Rapids, AMX), one step of 2,048 tokens: 0.66 s in
+    float32 and 0.27 s under bfloat16 autocast at depth 1; 1.28 s and 0.55 s at depth 2.
+    Without such units autocast would emulate bfloat16 and be slower, so training stays float32.
+    """
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: int,
+          progress: bool = True, validation: list[Sequence] | None = None) -> dict:
+    """Train ``head`` in place on ``seqs``; returns the loss curve, the validation curve and the step kept.
+
+    With ``validation`` (training conversations held back, never the held-out prompts), a_1 and
+    a_2|1 on it are measured every ``cfg.val_every`` steps; the weights with the best a_1 are kept
+    and training stops after ``cfg.patience`` validations without a better one.
+    """
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    autocast = cfg.bf16 and bf16_training_supported()
+    label_index = torch.full((vocab_size,), -1, dtype=torch.long)
+    label_index[head.vocab_ids] = torch.arange(len(head.vocab_ids))
+    windows = _windows(seqs, cfg.seq_len)
+    per_batch = max(1, cfg.batch_tokens // cfg.seq_len)
+    steps = max(1, int(math.ceil(len(windows) * cfg.epochs / per_batch)))
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    curve: list[dict] = []
+    val_curve: list[dict] = []
+    best, best_state, since = -1.0, None, 0
+    head.train()
+    order = np.concatenate([rng.permutation(len(windows)) for _ in range(int(math.ceil(cfg.epochs)) + 1)])
+    bar = tqdm(range(steps), desc="training", unit="step", disable=not progress)
+    ema = None
+    stopped = None
+    for step in bar:
+        pick = [windows[j] for j in order[step * per_batch:(step + 1) * per_batch]]
+        feats, tokens, labels, valid = _batch(seqs, pick, max(b - a for _, a, b in pick))
+        log_now = step % 10 == 0 or step == steps - 1
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            preds = chained_forward(head, feats, tokens, cfg.depth, noise=cfg.noise)
+            ce, reg, agree = loss_terms(head, preds, feats, labels, valid, label_index, cfg.soft_labels,
+                                        cfg.depth_decay, with_agree=log_now)
+            loss = cfg.ce_weight * ce + cfg.reg_weight * reg
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        row = {"step": step + 1, "ce": float(ce.detach()), "reg": float(reg.detach()), "agree": agree}
+        ema = row["ce"] if ema is None else 0.95 * ema + 0.05 * row["ce"]
+        if log_now:
+            curve.append(row)
+            bar.set_postfix(ce=f"{ema:.3f}", a1=f"{agree[0]:.2f}", val=f"{max(best, 0):.3f}")
+        if validation and ((step + 1) % cfg.val_every == 0 or step == steps - 1):
+            ev = evaluate(head, validation, 2)
+            head.train()
+            val_curve.append({"step": step + 1, "a1": ev["agree"][0], "a2_given_1": ev["conditional"][1]})
+            if ev["agree"][0] > best:
+                best, since = ev["agree"][0], 0
+                best_state = {k: v.detach().clone() for k, v in head.state_dict().items()}
+                kept = step + 1
+            else:
+                since += 1
+                if since >= cfg.patience:
+                    stopped = step + 1
+                    break
+    if best_state is not None:
+        head.load_state_dict(best_state)
+    head.eval()
+    return {"steps": steps, "curve": curve, "windows": len(windows), "validation": val_curve,
+            "precision": "bfloat16 autocast" if autocast else "float32",
+            "kept_step": kept if best_state is not None else steps, "stopped_at": stopped}
+
+
+@torch.no_grad()
+def evaluate(head: DraftHead, seqs: list[Sequence], depth: int, seq_len: int = 512,
+             generated_only: bool = True) -> dict:
+    """Held-out agreement at each draft position, by chained passes over the continuations.
+
+    Only positions inside the generated continuation count (the target's own greedy text,
+    what the head drafts at inference). ``agree[d]``: share of positions where draft d+1
+    equals the target's token; ``chain[d]``: share where drafts 1..d+1 all do;
+    ``conditional[d] = chain[d] / chain[d-1]``: acceptance at position d+1 given the ones before.
+    """
+    head.eval()
+    hits = np.zeros(depth)
+    chains = np.zeros(depth)
+    total = 0
+    for s in seqs:
+        T = len(s.tokens)
+        for a in range(0, T, seq_len):
+            b = min(a + seq_len, T)
+            if b - a < depth + 2:
+                continue
+            feats = s.features[None, a:b].float()
+            tokens = s.tokens[None, a:b]
+            preds = chained_forward(head, feats, tokens, depth)
+            n = b - a - 1
+            # count start indices i whose whole chain lies inside the continuation
+            start = max(s.prompt_len - 1 - a, 0) if generated_only else 0
+            last = n - depth  # i + depth <= n - 1... labels at i + d + 1 <= b - a - 1
+            if last <= start:
+                continue
+            ok_chain = torch.ones(last - start, dtype=torch.bool)
+            for d in range(depth):
+                guess = head.vocab_ids[head.logits(preds[d][0, start:last]).argmax(-1)]
+                truth = s.labels[a + start + d + 1:a + last + d + 1]
+                hit = guess == truth
+                hits[d] += float(hit.sum())
+                ok_chain &= hit
+                chains[d] += float(ok_chain.sum())
+            total += last - start
+    agree = (hits / max(total, 1)).tolist()
+    chain = (chains / max(total, 1)).tolist()
+    cond = [chain[0]] + [chain[d] / chain[d - 1] if chain[d - 1] else None for d in range(1, depth)]
+    return {"positions": total, "agree": agree, "chain": chain, "conditional": cond}
+
+
+@torch.no_grad()
+def same_first_drafts(head_a: DraftHead, head_b: DraftHead, seqs: list[Sequence], seq_len: int = 512) -> float:
+    """Share of the continuation positions (those :func:`evaluate` scores) where two heads draft the same
+    token at position 1: the same weights in two precisions, say (chapter 7)."""
+    same = total = 0
+    for s in seqs:
+        for a in range(0, len(s.tokens), seq_len):
+            b = min(a + seq_len, len(s.tokens))
+            start = max(s.prompt_len - 1 - a, 0)
+            last = b - a - 2  # as evaluate(..., depth=1): the label of position i is at i + 2
+            if b - a < 3 or last <= start:
+                continue
+            feats, tokens = s.features[None, a:b].float(), s.tokens[None, a:b]
+            pa, pb = (chained_forward(h, feats, tokens, 1)[0][0, start:last] for h in (head_a, head_b))
+            da, db = head_a.logits(pa).argmax(-1), head_b.logits(pb).argmax(-1)
+            same += int((head_a.vocab_ids[da] == head_b.vocab_ids[db]).sum())
+            total += len(da)
+    return same / max(total, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Checkpoint: safetensors + card
+
+
+def new_head(target, vocab_ids: torch.Tensor, cfg: TrainConfig) -> DraftHead:
+    head = DraftHead(HeadConfig.from_target(target.config, len(vocab_ids), cfg.input_norms, cfg.feature_layers))
+    head.vocab_ids.copy_(vocab_ids)
+    if cfg.init_from_last_layer:
+        head.init_from_target_layer(target)
+    if cfg.init_fc_identity:
+        H = head.cfg.hidden_size
+        with torch.no_grad():
+            head.fc.weight.zero_()
+            head.fc.weight[:, H:] = torch.eye(H)
+            head.fc.bias.zero_()
+    return head.attach(target)
+
+
+def config_dict(cfg: TrainConfig, head: DraftHead) -> dict:
+    return {"train": asdict(cfg), "head": head.cfg.to_dict()}
+
+
+__all__ = ["TrainConfig", "Sequence", "generate", "features", "teacher_docs", "draft_vocabulary", "chain_mask",
+           "chained_forward", "train", "evaluate", "same_first_drafts", "save_head", "load_head", "find_head", "target_fingerprint",
+           "HeadUnavailableError", "time", "field"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole run: `specnb train-draft` / `make draft`
+
+
+def split_validation(seqs: list[Sequence], fraction: float, seed: int) -> tuple[list[Sequence], list[Sequence]]:
+    """Hold back a seeded ``fraction`` of the generated training conversations for early stopping."""
+    n = int(round(len(seqs) * fraction))
+    pick = set(np.random.default_rng(seed + 7).permutation(len(seqs))[:n].tolist())
+    return [s for i, s in enumerate(seqs) if i not in pick], [s for i, s in enumerate(seqs) if i in pick]
+
+
+def subsample(seqs: list[Sequence], fraction: float, seed: int) -> list[Sequence]:
+    """A seeded share of ``seqs`` (the learning curve's smaller training sets; nested as the share grows)."""
+    if fraction >= 1:
+        return seqs
+    order = np.random.default_rng(seed + 11).permutation(len(seqs))
+    keep = set(order[:max(1, int(round(len(seqs) * fraction)))].tolist())
+    return [s for i, s in enumerate(seqs) if i in keep]
+
+
+def evaluate_by_kind(head: DraftHead, held: list[Sequence], cfg: TrainConfig) -> tuple[dict, dict]:
+    """Held-out agreement over all prompts and per kind of text."""
+    overall = evaluate(head, held, cfg.eval_depth)
+    kinds = [p.kind for p in held_out_set(cfg)]
+    by_kind = {kind: evaluate(head, [s for s, k in zip(held, kinds) if k == kind], cfg.eval_depth)
+               for kind in sorted(set(kinds))}
+    return overall, by_kind
+
+
+def validation_gap_rows(head: DraftHead, validation: list[Sequence], kinds: list[str], held_a1: float,
+                        held_by_kind: dict) -> dict:
+    """The head on its validation split (answers to training prompts that training never saw), by kind of
+    text, beside its held-out figures (``held_a1``, ``held_by_kind`` as the card stores them): chapter 7's
+    validation gap. ``kinds[i]`` is the kind of ``validation[i]``'s prompt."""
+    rows = {}
+    for kind in sorted(set(kinds)):
+        ev = evaluate(head, [s for s, k in zip(validation, kinds) if k == kind], 2)
+        ho = held_by_kind.get(kind, {})
+        rows[kind] = {"validation": {"a1": ev["agree"][0], "a2_given_1": ev["conditional"][1],
+                                     "positions": ev["positions"], "conversations": kinds.count(kind)},
+                      "held_out": {"a1": ho.get("agree", [None])[0],
+                                   "a2_given_1": (ho.get("conditional") or [None, None])[1],
+                                   "positions": ho.get("positions")}}
+    ev = evaluate(head, validation, 2)
+    return {"validation_a1": ev["agree"][0], "held_out_a1": held_a1, "validation_sequences": len(validation),
+            "by_kind": rows}
+
+
+# Chapter 7's studies of the recipe (each trains heads of its own; ``specnb head-study`` writes them into
+# a card). They describe a recipe, not one head's weights.
+STUDY_KEYS = ("ablation", "learning_curve", "fused_layers", "recipe_levers")
+
+
+def carry_studies(card: dict, ref: dict, source: str) -> list[str]:
+    """Copy the recipe studies of ``ref`` (the packaged head's card) into ``card`` when both heads were
+    trained with the same recipe (``config.train`` equal); ``card["studies_from"]`` then names ``source``,
+    ``ref``'s date and machine. Returns the keys copied (none when the recipes differ)."""
+    def plain(x):
+        return json.loads(json.dumps(x))
+
+    if plain(ref.get("config", {}).get("train")) != plain(card["config"]["train"]):
+        return []
+    keys = [k for k in STUDY_KEYS if k in ref]
+    for k in keys:
+        card[k] = ref[k]
+    if keys:
+        card["studies_from"] = {"card": source, "created": ref.get("created"), "machine": ref.get("machine")}
+    return keys
+
+
+def train_on(target, data: dict, cfg: TrainConfig, progress: bool = True) -> tuple[DraftHead, dict, dict]:
+    """One training run of ``cfg`` on built ``data``: returns the head, its training log and its data sizes."""
+    torch.manual_seed(cfg.seed)
+    generated, validation = split_validation(data["generated"], cfg.val_fraction, cfg.seed)
+    train_seqs = subsample(generated, cfg.train_fraction, cfg.seed) + subsample(data["teacher"], cfg.train_fraction,
+                                                                                 cfg.seed)
+    vocab_ids = draft_vocabulary(train_seqs, cfg.draft_vocab)
+    head = new_head(target, vocab_ids, cfg)
+    t0 = time.perf_counter()
+    log = train(head, train_seqs, cfg, target.config.vocab_size, progress, validation)
+    log["seconds"] = time.perf_counter() - t0
+    sizes = {"training_tokens": sum(len(s.tokens) for s in train_seqs),
+             "training_generated_tokens": sum(len(s.tokens) for s in train_seqs if s.source == "generated"),
+             "validation_sequences": len(validation), "validation_tokens": sum(len(s.tokens) for s in validation),
+             "vocab_coverage_held_out": vocab_coverage(data["held_out"], vocab_ids)}
+    return head, log, sizes
+
+
+def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path | None = None,
+                reuse_data: bool = True, progress: bool = True, ids_path: Path | None = None) -> tuple[DraftHead, dict]:
+    """Build the data, train a head, evaluate it on held-out prompts, save it with its card."""
+    from .head_data import IDS_FILE
+
+    from .corpus import TEACHER_SOURCES
+    from .env import machine_info, machine_line
+
+    fp = target_fingerprint(target)
+    data, seconds = build_data(target, tokenizer, cfg, head_dir() / "data" / fp, reuse_data, ids_path or IDS_FILE)
+    head, log, sizes = train_on(target, data, cfg, progress)
+    seconds["training"] = log["seconds"]
+    t0 = time.perf_counter()
+    held, by_kind = evaluate_by_kind(head, data["held_out"], cfg)
+    trained, pairs = split_validation(list(zip(data["generated"], data["generated_kinds"])), cfg.val_fraction, cfg.seed)
+    train_eval = evaluate(head, [s for s, _ in trained[:40]], cfg.eval_depth)
+    gap = validation_gap_rows(head, [s for s, _ in pairs], [k for _, k in pairs], held["agree"][0], by_kind)
+    seconds["evaluation"] = time.perf_counter() - t0
+    gen = data["generated"]
+    card = {
+        "format": FORMAT,
+        "what": "EAGLE-style draft head for SmolLM2-135M-Instruct (Q4_1 GGUF dequantized): specnb chapter 7",
+        "target_fingerprint": fp,
+        "config": config_dict(cfg, head),
+        "data": {"generated_sequences": len(gen), "generated_tokens": sum(len(s.tokens) for s in gen),
+                 "generated_new_tokens": sum(len(s.tokens) - s.prompt_len for s in gen),
+                 "generated_ids": data["ids_meta"],
+                 "teacher_documents": len(data["teacher"]),
+                 "teacher_tokens": sum(len(s.tokens) for s in data["teacher"]),
+                 "teacher_license": __import__("specnb.corpus", fromlist=["x"]).TEACHER_LICENSE,
+                 "teacher_sources": TEACHER_SOURCES,
+                 "dropped_for_shared_8_grams": data["dropped"],
+                 "held_out_sequences": len(data["held_out"]), **sizes},
+        "trainable_parameters": head.trainable_parameters,
+        "steps": log["steps"],
+        "kept_step": log["kept_step"],
+        "precision": log["precision"],
+        "stopped_at": log["stopped_at"],
+        "loss_curve": log["curve"],
+        "validation_curve": log["validation"],
+        "held_out": held,
+        "held_out_by_kind": by_kind,
+        "train_agreement": train_eval,
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "data_reused": data["reused"],  # parts loaded from the specnb cache (their seconds are load times)
+        "machine": machine_info(target),
+        "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "validation_gap": {**gap, "machine": machine_line(target)},
+    }
+    folder = Path(out) if out else head_dir()
+    packaged = packaged_dir() / "draft_head.json"
+    if packaged.exists() and folder.resolve() != packaged.parent.resolve():
+        carry_studies(card, json.loads(packaged.read_text()), "specnb/data/draft_head.json")
+    save_head(head, card, folder)
+    return head, card
