@@ -158,7 +158,8 @@ def _plot(args) -> int:
 
 _TRAIN_FLAGS = ("epochs", "depth", "depth_decay", "draft_vocab", "reg_weight", "ce_weight", "noise", "lr",
                 "weight_decay", "seed", "max_prompts", "new_tokens", "teacher_chars", "train_fraction",
-                "soft_labels", "input_norms", "batch_tokens", "patience", "val_every", "bf16", "feature_layers")
+                "soft_labels", "input_norms", "batch_tokens", "patience", "val_every", "bf16", "feature_layers",
+                "feature_dtype")
 
 
 def _train_draft(args) -> int:
@@ -348,7 +349,11 @@ def _head_study(args) -> int:
                   f"({r['validation']['conversations']} conversations) | held-out a_1 {_num(r['held_out']['a1'])} "
                   f"a_2|1 {_num(r['held_out']['a2_given_1'])}")
         print(f"-> {head_study.write_into_card(Path(args.into) if args.into else th.head_dir(), 'validation_gap', gap)}")
-    if not (args.ablation or args.learning_curve or args.compare_layers or args.recipe_levers is not None):
+    if args.carry_studies:
+        keys = head_study.carry_recipe_studies(Path(args.into) if args.into else th.head_dir(), Path(args.carry_studies))
+        print(f"copied {', '.join(keys)} from {args.carry_studies}")
+    if not (args.ablation or args.learning_curve or args.compare_layers or args.recipe_levers is not None
+            or args.feature_precision):
         return 0
     cfg = th.TrainConfig.quick() if args.quick else th.TrainConfig()
     folder = Path(args.into) if args.into else th.head_dir()  # the card that records the results
@@ -358,6 +363,21 @@ def _head_study(args) -> int:
     # the ablation and learning curve after them keep the full recipe's data (cfg is not changed)
     small = replace(cfg, **{k: getattr(args, k) for k in ("max_prompts", "teacher_chars")
                             if getattr(args, k) is not None})
+    if args.feature_precision:
+        study = head_study.compare_feature_dtypes(target.model, target.tokenizer, small,
+                                                  th.head_dir() / "data" / th.target_fingerprint(target.model))
+        study["machine"] = machine_line(target.model)
+        for r in study["rows"]:
+            fp = r["feature_precision"]
+            print(f"  {r['name']:18s} a_1 {r['a1']:.3f}  a_2|1 {_num(r['a2_given_1'])}  prose a_1 "
+                  f"{_num(r['by_kind'].get('prose', {}).get('a1'))}  labels = float32's on {fp['label_agreement']:.3f}; "
+                  f"features {r['feature_seconds']:.0f} s{' (cached)' if {'generated', 'teacher'} & set(r['data_reused']) else ''}, "
+                  f"training {r['seconds']:.0f} s ({r['training_tokens']} tokens)")
+        if args.out:
+            Path(args.out).write_text(json.dumps(study, indent=1) + "\n")
+        print(f"-> {head_study.write_into_card(folder, 'feature_precision', study)}")
+        if not (args.ablation or args.learning_curve or args.compare_layers or args.recipe_levers is not None):
+            return 0
     if args.compare_layers:
         layers = tuple(sorted(args.compare_layers))
         data, _ = build_data(target.model, target.tokenizer, replace(small, feature_layers=layers),
@@ -489,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--levers", nargs="+", help="only these levers (names in specnb.head_study.LEVERS)")
     p.add_argument("--fraction", type=float, default=0.25, help="share of the training data for the ablation")
     p.add_argument("--learning-curve", action="store_true", help="the default recipe at several data sizes")
+    p.add_argument("--carry-studies", metavar="CARD",
+                   help="copy the ablation, fused-layer and recipe-lever studies (each on data of its own) from CARD")
+    p.add_argument("--feature-precision", action="store_true",
+                   help="the recipe on --max-prompts / --teacher-chars data with float32 and with bfloat16 features")
     p.add_argument("--fractions", type=float, nargs="+", default=[0.125, 0.25, 0.5, 1.0])
     p.add_argument("--into", help="folder of the head whose card records the results (default: the specnb cache)")
     p.add_argument("--validation-gap", action="store_true",

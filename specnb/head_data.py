@@ -34,7 +34,10 @@ from .cache import cache_keyword
 from .prompts import chat_ids, encode
 
 IDS_FILE = Path(__file__).parent / "data" / "draft_train_ids.npz"
-GEN_DTYPE = torch.bfloat16  # the fast mode for token ids only (features and labels: float32)
+GEN_DTYPE = torch.bfloat16  # the fast mode for the committed token ids
+# The training features and labels come from a teacher-forced pass in TrainConfig.feature_dtype
+# (bfloat16 by default: 3.5x float32's tokens/s on the Intel build machine, whose AMX units run it);
+# build_data measures how often its labels equal the float32 target's. Held-out data: always float32.
 
 
 def in_dtype(target, dtype: torch.dtype):
@@ -357,8 +360,33 @@ def data_key(cfg, part: str, digest: str = "") -> str:
     fields = {"generated": ("max_prompts",), "teacher": ("seed", "teacher_chars", "doc_tokens"),
               "held_out": ("new_tokens", "max_held_out")}[part]
     layers = getattr(cfg, "feature_layers", ())
+    dtype = getattr(cfg, "feature_dtype", "float32") if part != "held_out" else "float32"
     return (part + "-" + "-".join(f"{f}{getattr(cfg, f)}" for f in fields) + (f"-{digest}" if digest else "")
-            + ("-layers" + "_".join(map(str, layers)) if layers else ""))
+            + ("-layers" + "_".join(map(str, layers)) if layers else "") + ("" if dtype == "float32" else f"-{dtype}"))
+
+
+def feature_dtype(cfg) -> torch.dtype:
+    """The torch dtype of ``cfg.feature_dtype`` (``"float32"`` or ``"bfloat16"``), with a clear error otherwise."""
+    name = getattr(cfg, "feature_dtype", "float32")
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"feature_dtype must be 'float32' or 'bfloat16', got {name!r}")
+    return getattr(torch, name)
+
+
+@torch.inference_mode()
+def label_agreement(target, fast, docs: list[list[int]], layers: tuple[int, ...] = ()) -> dict:
+    """How closely a ``fast`` (e.g. bfloat16) copy's teacher-forced labels and features match ``target``'s
+    own (float32) on ``docs``: the share of positions whose argmax labels agree, and the median relative
+    error of the last-hidden-state features, ``|f_fast - f| / |f|`` per position."""
+    ref = features(target, docs, "check", desc="float32 check", layers=layers)
+    got = features(fast, docs, "check", desc="fast check", layers=layers)
+    H = target.config.hidden_size
+    same = sum(int((a.labels == b.labels).sum()) for a, b in zip(ref, got))
+    n = sum(len(a.labels) for a in ref)
+    rel = torch.cat([(b.features[:, -H:].float() - a.features[:, -H:].float()).norm(dim=-1)
+                     / a.features[:, -H:].float().norm(dim=-1) for a, b in zip(ref, got)])
+    return {"dtype": str(next(fast.parameters()).dtype).replace("torch.", ""), "positions": n,
+            "label_agreement": same / n, "feature_relative_error_median": float(rel.median())}
 
 
 def held_out_set(cfg):
@@ -388,6 +416,8 @@ def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_pat
     data, seconds, reused = {}, {}, []
     ids = load_training_ids(ids_path)
     digest = ids_digest(ids_path)
+    fdtype = feature_dtype(cfg)
+    fast = in_dtype(target, fdtype)  # the teacher-forced passes' model (target itself for float32)
     for part in ("held_out", "generated", "teacher"):
         path = folder / f"{data_key(cfg, part, digest if part == 'generated' else '')}.safetensors"
         t0 = time.perf_counter()
@@ -397,14 +427,14 @@ def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_pat
         else:
             if part == "generated":
                 n = cfg.max_prompts or len(ids["ids"])
-                seqs = features(target, ids["ids"][:n], "generated", ids["prompt_lens"][:n],
-                                desc="features of the generated ids", layers=cfg.feature_layers)
+                seqs = features(fast, ids["ids"][:n], "generated", ids["prompt_lens"][:n],
+                                desc=f"{fdtype_name(fdtype)} features of the generated ids", layers=cfg.feature_layers)
             elif part == "held_out":
                 seqs = generate(target, tokenizer, held_out_set(cfg), cfg.new_tokens, 16, "held-out data",
                                 cfg.feature_layers)
             else:
-                seqs = features(target, teacher_docs(tokenizer, cfg.teacher_chars, cfg.doc_tokens, cfg.seed),
-                                "teacher", desc="teacher-forced features", layers=cfg.feature_layers)
+                seqs = features(fast, teacher_docs(tokenizer, cfg.teacher_chars, cfg.doc_tokens, cfg.seed),
+                                "teacher", desc=f"{fdtype_name(fdtype)} teacher-forced features", layers=cfg.feature_layers)
             _save_seqs(seqs, path)
             data[part] = seqs
         seconds[part] = time.perf_counter() - t0
@@ -421,8 +451,17 @@ def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_pat
             data["generated_kinds"] = [k for i, k in enumerate(kinds) if i not in bad]
     data["reused"] = reused
     data["ids_meta"] = ids["meta"]
+    if fdtype != torch.float32:  # measured on every run (about 20 s): the first 24 committed conversations
+        t0 = time.perf_counter()
+        data["feature_precision"] = label_agreement(target, fast, ids["ids"][:min(24, cfg.max_prompts or 24)],
+                                                     cfg.feature_layers)
+        seconds["precision_check"] = time.perf_counter() - t0
     data["feature_layers"] = tuple(cfg.feature_layers)
     return data, seconds
+
+
+def fdtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def for_layers(data: dict, layers: tuple[int, ...]) -> dict:

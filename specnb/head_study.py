@@ -181,6 +181,28 @@ def compare_layers(target, data: dict, cfg: TrainConfig, layer_sets: list[tuple[
             for layers in layer_sets]
 
 
+def compare_feature_dtypes(target, tokenizer, cfg: TrainConfig, folder: Path, dtypes=("float32", "bfloat16"),
+                           progress: bool = True) -> dict:
+    """``cfg`` trained on the same ids and text with features and labels from each of ``dtypes``'
+    teacher-forced passes, judged on the same float32 held-out continuations: what the faster pass
+    costs in agreement, beside its label agreement with the float32 target and its seconds."""
+    from dataclasses import replace
+
+    from .head_data import build_data
+
+    rows = []
+    for name in dtypes:
+        c = replace(cfg, feature_dtype=name)
+        data, seconds = build_data(target, tokenizer, c, folder)
+        row = _row(f"{name} features", f"features and labels from a {name} teacher-forced pass", c, target, data,
+                   progress)
+        row["feature_seconds"] = round(seconds["generated"] + seconds["teacher"], 1)
+        row["data_reused"] = data["reused"]
+        row["feature_precision"] = data.get("feature_precision", {"dtype": "float32", "label_agreement": 1.0})
+        rows.append(row)
+    return {"recipe": asdict(cfg), "rows": rows}
+
+
 def validation_gap(target, tokenizer, head, card: dict) -> dict:
     """The committed head on its own validation split, by kind of text, beside its held-out figures.
 
@@ -224,7 +246,8 @@ def require_studies(card: dict) -> dict:
     missing = [k for k in (*STUDY_KEYS, "validation_gap") if k not in card]
     if missing:
         flags = {"ablation": "--ablation", "learning_curve": "--learning-curve", "fused_layers": "--compare-layers 2 15 27",
-                 "recipe_levers": "--recipe-levers", "validation_gap": "--validation-gap"}
+                 "recipe_levers": "--recipe-levers", "feature_precision": "--feature-precision",
+                 "validation_gap": "--validation-gap"}
         raise HeadUnavailableError(
             f"this head's card has no {', '.join(missing)} (a head trained with a recipe other than the packaged "
             f"one's does not inherit its studies): run `specnb head-study {' '.join(flags[k] for k in missing)}` "
@@ -236,10 +259,32 @@ def require_studies(card: dict) -> dict:
 def write_into_card(folder: Path, key: str, value: dict) -> Path:
     """Add ``value`` under ``key`` to the card ``folder/draft_head.json`` (the rest unchanged)."""
     path = Path(folder) / "draft_head.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no head card at {path} to record {key!r} in: train a head there first "
+                                "(`make draft`), or pass --into a folder that holds one")
     card = json.loads(path.read_text())
     card[key] = value
     path.write_text(json.dumps(card, indent=1) + "\n")
     return path
+
+
+CARRIED_STUDIES = ("ablation", "fused_layers", "recipe_levers")  # each records the recipe and data it ran on
+
+
+def carry_recipe_studies(folder: Path, source: Path) -> list[str]:
+    """Copy into the card in ``folder`` the studies of the card ``source`` that record their own recipe and
+    data (:data:`CARRIED_STUDIES`: they ran on data of their own, not on the head's), and say where they came
+    from under ``studies_carried``. The learning curve and the validation gap belong to one head and data
+    set, and are measured again (``--learning-curve``, ``train-draft``). Returns the keys copied."""
+    ref = json.loads(Path(source).read_text())
+    keys = [k for k in CARRIED_STUDIES if k in ref]
+    if not keys:
+        raise ValueError(f"{source} holds none of the studies {', '.join(CARRIED_STUDIES)}")
+    for k in keys:
+        write_into_card(folder, k, ref[k])
+    write_into_card(folder, "studies_carried", {"from": str(source), "keys": keys, "created": ref.get("created"),
+                                                "head_machine": ref.get("machine")})
+    return keys
 
 
 def combined_levers(study: dict) -> list[str]:

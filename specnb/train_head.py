@@ -42,7 +42,9 @@ class TrainConfig:
     seed: int = 0
     new_tokens: int = 192  # held-out continuation length (the committed ids were generated with the same)
     max_prompts: int = 0  # 0: every committed generated conversation; n: the first n
-    teacher_chars: int = 2_600_000  # characters of teacher-forced text (reference pages, stdlib code, docstrings)
+    teacher_chars: int = 6_000_000  # characters of teacher-forced text (reference pages, stdlib code and docstrings,
+    #                                 and past 2.6M the torch and transformers docstrings)
+    feature_dtype: str = "bfloat16"  # the teacher-forced passes' precision ("float32": the target's own labels exactly)
     doc_tokens: int = 512  # teacher documents are cut into windows of this many tokens
     train_fraction: float = 1.0  # learning curve: train on this seeded share of the training documents
     draft_vocab: int = 8192  # V': the reduced draft vocabulary (most frequent target labels)
@@ -417,7 +419,7 @@ def validation_gap_rows(head: DraftHead, validation: list[Sequence], kinds: list
 
 # Chapter 7's studies of the recipe (each trains heads of its own; ``specnb head-study`` writes them into
 # a card). They describe a recipe, not one head's weights.
-STUDY_KEYS = ("ablation", "learning_curve", "fused_layers", "recipe_levers")
+STUDY_KEYS = ("ablation", "learning_curve", "fused_layers", "recipe_levers", "feature_precision")
 
 
 def carry_studies(card: dict, ref: dict, source: str) -> list[str]:
@@ -460,7 +462,7 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
     """Build the data, train a head, evaluate it on held-out prompts, save it with its card."""
     from .head_data import IDS_FILE
 
-    from .corpus import TEACHER_SOURCES
+    from .corpus import TEACHER_SOURCES, teacher_licenses
     from .env import machine_info, machine_line
 
     fp = target_fingerprint(target)
@@ -486,6 +488,10 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
                  "teacher_tokens": sum(len(s.tokens) for s in data["teacher"]),
                  "teacher_license": __import__("specnb.corpus", fromlist=["x"]).TEACHER_LICENSE,
                  "teacher_sources": TEACHER_SOURCES,
+                 "teacher_licenses": teacher_licenses(),
+                 "feature_precision": data.get("feature_precision",
+                                               {"dtype": "float32", "label_agreement": 1.0,
+                                                "what": "the target's own float32 pass"}),
                  "dropped_for_shared_8_grams": data["dropped"],
                  "held_out_sequences": len(data["held_out"]), **sizes},
         "trainable_parameters": head.trainable_parameters,

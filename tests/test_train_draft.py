@@ -240,7 +240,7 @@ def test_committed_head_card():
 
     study = card["recipe_levers"]
     assert [r["name"] for r in study["rows"]] == ["committed recipe", *RECIPE_LEVERS], study["rows"]
-    data_keys = ("max_prompts", "teacher_chars")
+    data_keys = ("max_prompts", "teacher_chars", "feature_dtype")
     assert {k: v for k, v in study["base"].items() if k not in data_keys} == \
         {k: v for k, v in {**json.loads(json.dumps(th.asdict(th.TrainConfig()))), **card["config"]["train"]}.items()
          if k not in data_keys}
