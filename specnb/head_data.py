@@ -36,7 +36,8 @@ from .prompts import chat_ids, encode
 IDS_FILE = Path(__file__).parent / "data" / "draft_train_ids.npz"
 GEN_DTYPE = torch.bfloat16  # the fast mode for the committed token ids
 # The training features and labels come from a teacher-forced pass in TrainConfig.feature_dtype
-# (bfloat16 by default: 3.5x float32's tokens/s on the Intel build machine, whose AMX units run it);
+# (bfloat16 by default: 2.9x float32's speed on the Intel build machine, whose AMX units run it; the card's
+# feature_precision study);
 # build_data measures how often its labels equal the float32 target's. Held-out data: always float32.
 
 
@@ -365,6 +366,9 @@ def data_key(cfg, part: str, digest: str = "") -> str:
             + ("-layers" + "_".join(map(str, layers)) if layers else "") + ("" if dtype == "float32" else f"-{dtype}"))
 
 
+FLOAT32_PRECISION = {"dtype": "float32", "label_agreement": 1.0}  # what a float32 pass's labels are: the target's own
+
+
 def feature_dtype(cfg) -> torch.dtype:
     """The torch dtype of ``cfg.feature_dtype`` (``"float32"`` or ``"bfloat16"``), with a clear error otherwise."""
     name = getattr(cfg, "feature_dtype", "float32")
@@ -428,13 +432,13 @@ def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_pat
             if part == "generated":
                 n = cfg.max_prompts or len(ids["ids"])
                 seqs = features(fast, ids["ids"][:n], "generated", ids["prompt_lens"][:n],
-                                desc=f"{fdtype_name(fdtype)} features of the generated ids", layers=cfg.feature_layers)
+                                desc=f"{cfg.feature_dtype} features of the generated ids", layers=cfg.feature_layers)
             elif part == "held_out":
                 seqs = generate(target, tokenizer, held_out_set(cfg), cfg.new_tokens, 16, "held-out data",
                                 cfg.feature_layers)
             else:
                 seqs = features(fast, teacher_docs(tokenizer, cfg.teacher_chars, cfg.doc_tokens, cfg.seed),
-                                "teacher", desc=f"{fdtype_name(fdtype)} teacher-forced features", layers=cfg.feature_layers)
+                                "teacher", desc=f"{cfg.feature_dtype} teacher-forced features", layers=cfg.feature_layers)
             _save_seqs(seqs, path)
             data[part] = seqs
         seconds[part] = time.perf_counter() - t0
@@ -451,17 +455,13 @@ def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_pat
             data["generated_kinds"] = [k for i, k in enumerate(kinds) if i not in bad]
     data["reused"] = reused
     data["ids_meta"] = ids["meta"]
-    if fdtype != torch.float32:  # measured on every run (about 20 s): the first 24 committed conversations
+    if fdtype != torch.float32:  # measured on every run (9 s on the Intel build machine): the first 24 conversations
         t0 = time.perf_counter()
         data["feature_precision"] = label_agreement(target, fast, ids["ids"][:min(24, cfg.max_prompts or 24)],
                                                      cfg.feature_layers)
         seconds["precision_check"] = time.perf_counter() - t0
     data["feature_layers"] = tuple(cfg.feature_layers)
     return data, seconds
-
-
-def fdtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def for_layers(data: dict, layers: tuple[int, ...]) -> dict:

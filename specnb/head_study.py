@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from .head_data import for_layers
+from .head_data import FLOAT32_PRECISION, for_layers
 from .train_head import TrainConfig, evaluate_by_kind, train_on, validation_gap_rows
 
 # The ablation's base: the recipe before the study (soft labels, one pass, learning rate 1e-3). The
@@ -198,7 +198,7 @@ def compare_feature_dtypes(target, tokenizer, cfg: TrainConfig, folder: Path, dt
                    progress)
         row["feature_seconds"] = round(seconds["generated"] + seconds["teacher"], 1)
         row["data_reused"] = data["reused"]
-        row["feature_precision"] = data.get("feature_precision", {"dtype": "float32", "label_agreement": 1.0})
+        row["feature_precision"] = data.get("feature_precision", FLOAT32_PRECISION)
         rows.append(row)
     return {"recipe": asdict(cfg), "rows": rows}
 

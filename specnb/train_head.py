@@ -29,8 +29,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .head import DraftHead, HeadConfig
-from .head_data import (Sequence, build_data, draft_vocabulary, features, generate, generate_ids,  # noqa: F401
-                        held_out_set, teacher_docs, vocab_coverage)
+from .head_data import (FLOAT32_PRECISION, Sequence, build_data, draft_vocabulary, features, generate,  # noqa: F401
+                        generate_ids, held_out_set, teacher_docs, vocab_coverage)
 from .head_io import (FORMAT, HEAD_NAME, HeadUnavailableError, find_head, head_dir, load_head,  # noqa: F401
                       packaged_dir, save_head, target_fingerprint)
 
@@ -489,9 +489,7 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
                  "teacher_license": __import__("specnb.corpus", fromlist=["x"]).TEACHER_LICENSE,
                  "teacher_sources": TEACHER_SOURCES,
                  "teacher_licenses": teacher_licenses(),
-                 "feature_precision": data.get("feature_precision",
-                                               {"dtype": "float32", "label_agreement": 1.0,
-                                                "what": "the target's own float32 pass"}),
+                 "feature_precision": data.get("feature_precision", FLOAT32_PRECISION),
                  "dropped_for_shared_8_grams": data["dropped"],
                  "held_out_sequences": len(data["held_out"]), **sizes},
         "trainable_parameters": head.trainable_parameters,
