@@ -159,7 +159,7 @@ def _plot(args) -> int:
 _TRAIN_FLAGS = ("epochs", "depth", "depth_decay", "draft_vocab", "reg_weight", "ce_weight", "noise", "lr",
                 "weight_decay", "seed", "max_prompts", "new_tokens", "teacher_chars", "train_fraction",
                 "soft_labels", "input_norms", "batch_tokens", "patience", "val_every", "bf16", "feature_layers",
-                "feature_dtype")
+                "feature_dtype", "open_conversations")
 
 
 def _train_draft(args) -> int:
@@ -194,11 +194,25 @@ def _train_draft(args) -> int:
         m = ids["meta"]
         print(f"regenerated {len(ids['ids'])} conversations ({m['new_token_count']} new tokens, {m['follow_ups']} "
               f"second turns) in {m['dtype']}, batch {m['batch']}: {m['seconds']:.0f} s -> {path}")
+    if args.regenerate_open:
+        from . import head_data, magpie
+
+        if cfg.open_conversations < 1:
+            raise SystemExit("--regenerate-open needs --open-conversations 1 or more")
+        ids = magpie.generate_open_ids(target.model, target.tokenizer, cfg.open_conversations, cfg.new_tokens,
+                                       seed=cfg.seed)
+        path = head_data.save_training_ids(ids, Path(args.open_ids_out) if args.open_ids_out else magpie.OPEN_IDS_FILE)
+        m = ids["meta"]
+        print(f"regenerated {len(ids['ids'])} open conversations ({m['new_token_count']} new tokens; user turns "
+              f"{m['seconds_user_turns']:.0f} s, {m['draws']}) in {m['dtype']}, batch {m['batch']}: "
+              f"{m['seconds']:.0f} s -> {path}")
     print(f"config: {json.dumps(th.asdict(cfg))}")
     head, card = th.train_draft(target.model, target.tokenizer, cfg, out=args.out, reuse_data=not args.fresh,
-                                ids_path=Path(args.ids_out) if args.ids_out else None)
+                                ids_path=Path(args.ids_out) if args.ids_out else None,
+                                open_path=Path(args.open_ids_out) if args.open_ids_out else None)
     s = card["seconds"]
     print(f"times (s): features of the generated ids {s['generated']:.0f}; "
+          + (f"features of the open conversations {s['open']:.0f}; " if "open" in s else "") +
           f"teacher-forced features {s['teacher']:.0f}; held-out data {s['held_out']:.0f}; "
           f"training {s['training']:.0f}; evaluation {s['evaluation']:.0f}; total {sum(s.values()):.0f}")
     d = card["data"]
@@ -477,6 +491,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--regenerate", action="store_true",
                    help="generate the training conversations' token ids from scratch first (timed on its own)")
     p.add_argument("--ids-out", help="where --regenerate writes the ids (default: specnb/data/draft_train_ids.npz)")
+    p.add_argument("--regenerate-open", action="store_true",
+                   help="sample --open-conversations user turns from the target's chat template and answer them "
+                        "(Magpie) first, timed on its own")
+    p.add_argument("--open-ids-out", help="where --regenerate-open writes the ids and training reads them "
+                                          "(default: specnb/data/draft_open_ids.npz)")
     for key in _TRAIN_FLAGS:
         kind = type(getattr(__import__("specnb.train_head", fromlist=["x"]).TrainConfig(), key))
         if kind is bool:

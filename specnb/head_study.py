@@ -209,19 +209,19 @@ def validation_gap(target, tokenizer, head, card: dict) -> dict:
     The validation conversations are answers to training prompts that training never saw; their prompts
     share templates and subjects with training prompts. The held-out prompts are phrased and chosen
     apart from them. The gap between the two, per kind, separates generalising to new answers from
-    generalising to new ways of asking. The split is rebuilt as ``train_on`` draws it: the committed ids,
-    less those sharing an 8-gram with the held-out data, then ``split_validation`` with the card's
-    fraction and seed; only those conversations get float32 features (a minute, not the whole data).
+    generalising to new ways of asking. The split is rebuilt as ``train_on`` draws it: the committed ids
+    (template conversations, then open ones: :func:`specnb.head_data.training_conversations`), less those
+    sharing an 8-gram with the held-out data, then ``split_validation`` with the card's fraction and seed; only those conversations get float32 features (a minute, not the whole data).
     """
-    from .head_data import (_load_seqs, conversation_kinds, data_key, features, load_training_ids, shared_ngrams,
-                            template_ngrams)
+    from .head_data import _load_seqs, data_key, features, shared_ngrams, template_ngrams, training_conversations
     from .head_io import head_dir, target_fingerprint
     from .train_head import TrainConfig, generate, held_out_set, split_validation
 
     tc = card["config"]["train"]
-    cfg = TrainConfig(**{k: tuple(v) if k == "feature_layers" else v for k, v in tc.items()
-                         if k in TrainConfig.__dataclass_fields__})
-    ids = load_training_ids()
+    cfg = TrainConfig(**{"open_conversations": 0,  # cards from before open conversations trained without them
+                         **{k: tuple(v) if k == "feature_layers" else v for k, v in tc.items()
+                            if k in TrainConfig.__dataclass_fields__}})
+    ids = training_conversations(cfg)
     path = head_dir() / "data" / target_fingerprint(target) / f"{data_key(cfg, 'held_out')}.safetensors"
     held = _load_seqs(path) if path.exists() else generate(target, tokenizer, held_out_set(cfg), cfg.new_tokens, 16,
                                                             "held-out data", cfg.feature_layers)
@@ -232,8 +232,7 @@ def validation_gap(target, tokenizer, head, card: dict) -> dict:
     assert len(val) == card["data"]["validation_sequences"], "the validation split must be the one training used"
     seqs = features(target, [ids["ids"][i] for i in val], "generated", [ids["prompt_lens"][i] for i in val],
                     desc="features of the validation conversations", layers=cfg.feature_layers)
-    kinds_all = conversation_kinds(ids, cfg.seed)
-    kinds = [kinds_all[i] for i in val]
+    kinds = [ids["kinds"][i] for i in val]
     return validation_gap_rows(head, seqs, kinds, card["held_out"]["agree"][0], card["held_out_by_kind"])
 
 
