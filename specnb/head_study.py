@@ -267,7 +267,7 @@ def write_into_card(folder: Path, key: str, value: dict) -> Path:
     return path
 
 
-CARRIED_STUDIES = ("ablation", "fused_layers", "recipe_levers")  # each records the recipe and data it ran on
+CARRIED_STUDIES = ("ablation", "fused_layers", "recipe_levers", "feature_precision")  # each records its recipe and data
 
 
 def carry_recipe_studies(folder: Path, source: Path) -> list[str]:

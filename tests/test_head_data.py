@@ -79,13 +79,14 @@ def test_carried_studies_are_copied_with_their_source_and_nothing_else(tmp_path)
     src = tmp_path / "old.json"
     src.write_text(json.dumps({"created": "then", "machine": {"cpu": "x"}, "ablation": {"rows": [1]},
                                "fused_layers": {"rows": [2]}, "recipe_levers": {"rows": [3]},
-                               "learning_curve": {"rows": [4]}}))
+                               "feature_precision": {"rows": [5]}, "learning_curve": {"rows": [4]}}))
     (tmp_path / "new").mkdir()
     (tmp_path / "new" / "draft_head.json").write_text(json.dumps({"created": "now"}))
-    assert head_study.carry_recipe_studies(tmp_path / "new", src) == ["ablation", "fused_layers", "recipe_levers"]
+    assert head_study.carry_recipe_studies(tmp_path / "new", src) == ["ablation", "fused_layers", "recipe_levers", "feature_precision"]
     card = json.loads((tmp_path / "new" / "draft_head.json").read_text())
     assert card["ablation"] == {"rows": [1]} and "learning_curve" not in card and card["created"] == "now"
-    assert card["studies_carried"] == {"from": str(src), "keys": ["ablation", "fused_layers", "recipe_levers"],
+    assert card["feature_precision"] == {"rows": [5]}
+    assert card["studies_carried"] == {"from": str(src), "keys": ["ablation", "fused_layers", "recipe_levers", "feature_precision"],
                                        "created": "then", "head_machine": {"cpu": "x"}}
     empty = tmp_path / "empty.json"
     empty.write_text("{}")
