@@ -59,7 +59,7 @@ def sample_user_turns(model, tokenizer, n: int, seed: int = 0, batch: int = 64, 
     end = tokenizer.eos_token_id
     seen: set[str] = set()
     out: list[str] = []
-    counts = {"drawn": 0, "unfinished": 0, "short": 0, "repeated": 0}
+    counts = {"drawn": 0, "unfinished": 0, "short": 0, "repeated": 0, "surplus": 0}  # surplus: usable, not needed
     bar = tqdm(total=n, desc="open user turns", unit="turn")
     b = 0
     while len(out) < n:
@@ -85,6 +85,8 @@ def sample_user_turns(model, tokenizer, n: int, seed: int = 0, batch: int = 64, 
                 seen.add(text)
                 out.append(text)
                 bar.update(1)
+            else:
+                counts["surplus"] += 1
     bar.close()
     return out, counts
 

@@ -63,7 +63,9 @@ def test_sample_user_turns_keeps_finished_long_enough_distinct_turns():
             _row("Write a poem about the sea at night.")]
     turns, counts = magpie.sample_user_turns(_Model(rows), _Tok(), 2, batch=5)
     assert turns == ["How do bees make honey from nectar?", "Write a poem about the sea at night."]
-    assert counts == {"drawn": 5, "unfinished": 1, "short": 1, "repeated": 1}
+    assert counts == {"drawn": 5, "unfinished": 1, "short": 1, "repeated": 1, "surplus": 0}
+    turns, counts = magpie.sample_user_turns(_Model(rows), _Tok(), 1, batch=5)   # the batch's second good turn
+    assert turns == ["How do bees make honey from nectar?"] and counts["surplus"] == 1 and counts["drawn"] == 5
     # a model that never closes the user's turn is an error, not an endless loop
     with pytest.raises(RuntimeError, match="does not write user turns"):
         magpie.sample_user_turns(_Model([_row("on and on", end=False)]), _Tok(), 3, batch=4)
