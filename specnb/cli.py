@@ -159,7 +159,7 @@ def _plot(args) -> int:
 _TRAIN_FLAGS = ("epochs", "depth", "depth_decay", "draft_vocab", "reg_weight", "ce_weight", "noise", "lr",
                 "weight_decay", "seed", "max_prompts", "new_tokens", "teacher_chars", "train_fraction",
                 "soft_labels", "input_norms", "batch_tokens", "patience", "val_every", "bf16", "feature_layers",
-                "feature_dtype", "open_conversations")
+                "feature_dtype", "open_conversations", "described_conversations")
 
 
 def _train_draft(args) -> int:
@@ -194,25 +194,32 @@ def _train_draft(args) -> int:
         m = ids["meta"]
         print(f"regenerated {len(ids['ids'])} conversations ({m['new_token_count']} new tokens, {m['follow_ups']} "
               f"second turns) in {m['dtype']}, batch {m['batch']}: {m['seconds']:.0f} s -> {path}")
-    if args.regenerate_open:
+    for which in ("open", "described"):
+        if not getattr(args, f"regenerate_{which}"):
+            continue
         from . import head_data, magpie
 
-        if cfg.open_conversations < 1:
-            raise SystemExit("--regenerate-open needs --open-conversations 1 or more")
-        ids = magpie.generate_open_ids(target.model, target.tokenizer, cfg.open_conversations, cfg.new_tokens,
-                                       seed=cfg.seed)
-        path = head_data.save_training_ids(ids, Path(args.open_ids_out) if args.open_ids_out else magpie.OPEN_IDS_FILE)
+        n = getattr(cfg, f"{which}_conversations")
+        if n < 1:
+            raise SystemExit(f"--regenerate-{which} needs --{which}-conversations 1 or more")
+        ids = magpie.generate_open_ids(target.model, target.tokenizer, n, cfg.new_tokens, seed=cfg.seed,
+                                       openers=magpie.OPENERS if which == "described" else ("",))
+        out_arg = getattr(args, f"{which}_ids_out")
+        path = head_data.save_training_ids(ids, Path(out_arg) if out_arg else
+                                           {"open": magpie.OPEN_IDS_FILE, "described": magpie.DESCRIBED_IDS_FILE}[which])
         m = ids["meta"]
-        print(f"regenerated {len(ids['ids'])} open conversations ({m['new_token_count']} new tokens; user turns "
+        print(f"regenerated {len(ids['ids'])} {which} conversations ({m['new_token_count']} new tokens; user turns "
               f"{m['seconds_user_turns']:.0f} s, {m['draws']}) in {m['dtype']}, batch {m['batch']}: "
               f"{m['seconds']:.0f} s -> {path}")
     print(f"config: {json.dumps(th.asdict(cfg))}")
     head, card = th.train_draft(target.model, target.tokenizer, cfg, out=args.out, reuse_data=not args.fresh,
                                 ids_path=Path(args.ids_out) if args.ids_out else None,
-                                open_path=Path(args.open_ids_out) if args.open_ids_out else None)
+                                open_path=Path(args.open_ids_out) if args.open_ids_out else None,
+                                described_path=Path(args.described_ids_out) if args.described_ids_out else None)
     s = card["seconds"]
     print(f"times (s): features of the generated ids {s['generated']:.0f}; "
-          + (f"features of the open conversations {s['open']:.0f}; " if "open" in s else "") +
+          + (f"features of the open conversations {s['open']:.0f}; " if "open" in s else "")
+          + (f"features of the described conversations {s['described']:.0f}; " if "described" in s else "") +
           f"teacher-forced features {s['teacher']:.0f}; held-out data {s['held_out']:.0f}; "
           f"training {s['training']:.0f}; evaluation {s['evaluation']:.0f}; total {sum(s.values()):.0f}")
     d = card["data"]
@@ -496,6 +503,11 @@ def main(argv: list[str] | None = None) -> int:
                         "(Magpie) first, timed on its own")
     p.add_argument("--open-ids-out", help="where --regenerate-open writes the ids and training reads them "
                                           "(default: specnb/data/draft_open_ids.npz)")
+    p.add_argument("--regenerate-described", action="store_true",
+                   help="the same for --described-conversations user turns, each begun with one of "
+                        "specnb.magpie.OPENERS, first, timed on its own")
+    p.add_argument("--described-ids-out", help="where --regenerate-described writes the ids and training reads them "
+                                               "(default: specnb/data/draft_described_ids.npz)")
     for key in _TRAIN_FLAGS:
         kind = type(getattr(__import__("specnb.train_head", fromlist=["x"]).TrainConfig(), key))
         if kind is bool:

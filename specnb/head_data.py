@@ -359,7 +359,8 @@ def shared_ngrams(train_docs: list[list[int]], held_docs: list[list[int]], exclu
 
 def data_key(cfg, part: str, digest: str = "") -> str:
     fields = {"generated": ("max_prompts",), "teacher": ("seed", "teacher_chars", "doc_tokens"),
-              "held_out": ("new_tokens", "max_held_out"), "open": ("open_conversations",)}[part]
+              "held_out": ("new_tokens", "max_held_out"), "open": ("open_conversations",),
+              "described": ("described_conversations",)}[part]
     layers = getattr(cfg, "feature_layers", ())
     dtype = getattr(cfg, "feature_dtype", "float32") if part != "held_out" else "float32"
     return (part + "-" + "-".join(f"{f}{getattr(cfg, f)}" for f in fields) + (f"-{digest}" if digest else "")
@@ -408,62 +409,75 @@ def conversation_kinds(ids: dict, seed: int) -> list[str]:
     return [kinds_of_prompt[i] for i in ids["prompt_index"]]
 
 
-def load_open_ids(cfg, path: Path | None = None) -> dict:
-    """The first ``cfg.open_conversations`` committed open conversations (:mod:`specnb.magpie`), as
-    :func:`load_training_ids` returns them, plus ``digest``; a clear error when the file holds fewer."""
-    from .magpie import OPEN_IDS_FILE
+OPEN_SETS = ("open", "described")  # the Magpie sets (specnb.magpie), in the order build_data appends them
 
-    path = Path(path or OPEN_IDS_FILE)
-    n = cfg.open_conversations
+
+def load_open_ids(cfg, path: Path | None = None, which: str = "open") -> dict:
+    """The first ``cfg.open_conversations`` committed open conversations (:mod:`specnb.magpie`), or with
+    ``which="described"`` the first ``cfg.described_conversations`` described ones, as
+    :func:`load_training_ids` returns them, plus ``digest``; a clear error when the file holds fewer."""
+    from .magpie import DESCRIBED_IDS_FILE, OPEN_IDS_FILE
+
+    if which not in OPEN_SETS:
+        raise ValueError(f"which must be one of {OPEN_SETS}, got {which!r}")
+    path = Path(path or {"open": OPEN_IDS_FILE, "described": DESCRIBED_IDS_FILE}[which])
+    n = getattr(cfg, f"{which}_conversations", 0)
     if n < 0:
-        raise ValueError(f"open_conversations must be 0 or more, got {n}")
+        raise ValueError(f"{which}_conversations must be 0 or more, got {n}")
+    flag, opt = f"--regenerate-{which}", f"--{which}-conversations"
+    took = {"open": "1,372 s for 2,400", "described": "1,217 s for 2,000"}[which]
     if not path.exists():
-        raise FileNotFoundError(f"no open conversations at {path}: run `specnb train-draft --regenerate-open` "
-                                f"(1,372 s for 2,400 on a 2-core Intel Xeon) or train with --open-conversations 0")
+        raise FileNotFoundError(f"no {which} conversations at {path}: run `specnb train-draft {flag}` "
+                                f"({took} on a 2-core Intel Xeon) or train with {opt} 0")
     ids = load_training_ids(path)
     if len(ids["ids"]) < n:
-        raise ValueError(f"open_conversations={n} but {path} holds {len(ids['ids'])}: pass --open-conversations "
-                         f"{len(ids['ids'])} or fewer, or regenerate with `specnb train-draft --regenerate-open "
-                         f"--open-conversations {n}`")
+        raise ValueError(f"{which}_conversations={n} but {path} holds {len(ids['ids'])}: pass {opt} "
+                         f"{len(ids['ids'])} or fewer, or regenerate with `specnb train-draft {flag} "
+                         f"{opt} {n}`")
     out = {k: v[:n] for k, v in ids.items() if k != "meta"}
     return {**out, "meta": ids["meta"], "digest": ids_digest(path)}
 
 
-def training_conversations(cfg, ids_path: Path = IDS_FILE, open_path: Path | None = None) -> dict:
+def training_conversations(cfg, ids_path: Path = IDS_FILE, open_path: Path | None = None,
+                           described_path: Path | None = None) -> dict:
     """Every generated training conversation in the order :func:`build_data` uses: the first
     ``cfg.max_prompts`` template conversations (all when 0), then the first ``cfg.open_conversations`` open
-    ones. ``{"ids": [list[int]], "prompt_lens": [int], "kinds": [str]}``; open conversations' kind is ``"open"``."""
+    ones and the first ``cfg.described_conversations`` described ones. ``{"ids": [list[int]],
+    "prompt_lens": [int], "kinds": [str]}``; the Magpie sets' kinds are ``"open"`` and ``"described"``."""
     ids = load_training_ids(ids_path)
     n = cfg.max_prompts or len(ids["ids"])
     out = {"ids": ids["ids"][:n], "prompt_lens": ids["prompt_lens"][:n],
            "kinds": conversation_kinds(ids, cfg.seed)[:n]}
-    if getattr(cfg, "open_conversations", 0):
-        op = load_open_ids(cfg, open_path)
-        out = {"ids": out["ids"] + op["ids"], "prompt_lens": out["prompt_lens"] + op["prompt_lens"],
-               "kinds": out["kinds"] + ["open"] * len(op["ids"])}
+    for which, path in zip(OPEN_SETS, (open_path, described_path)):
+        if getattr(cfg, f"{which}_conversations", 0):
+            op = load_open_ids(cfg, path, which)
+            out = {"ids": out["ids"] + op["ids"], "prompt_lens": out["prompt_lens"] + op["prompt_lens"],
+                   "kinds": out["kinds"] + [which] * len(op["ids"])}
     return out
 
 
 def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_path: Path = IDS_FILE,
-               open_path: Path | None = None) -> tuple[dict, dict]:
+               open_path: Path | None = None, described_path: Path | None = None) -> tuple[dict, dict]:
     """The data sets ``generated``, ``teacher``, ``held_out`` (lists of :class:`Sequence`), seconds per
     stage, and what was dropped for sharing an 8-gram with the held-out data.
 
     ``generated``: teacher-forced features over the committed ids (the first ``cfg.max_prompts``
     conversations when set), then over the first ``cfg.open_conversations`` open conversations
-    (:mod:`specnb.magpie`; a part of its own in the cache, ``"open"``). Training documents sharing an
+    (:mod:`specnb.magpie`; a part of its own in the cache, ``"open"``), then over the first
+    ``cfg.described_conversations`` described ones (part ``"described"``). Training documents sharing an
     8-gram with a held-out prompt or its scored continuation are dropped (``data["dropped"]``).
     """
     folder.mkdir(parents=True, exist_ok=True)
     data, seconds, reused = {}, {}, []
     ids = load_training_ids(ids_path)
     digest = ids_digest(ids_path)
-    opened = load_open_ids(cfg, open_path) if getattr(cfg, "open_conversations", 0) else None
+    sets = {which: load_open_ids(cfg, path, which) for which, path in zip(OPEN_SETS, (open_path, described_path))
+            if getattr(cfg, f"{which}_conversations", 0)}
     fdtype = feature_dtype(cfg)
     fast = in_dtype(target, fdtype)  # the teacher-forced passes' model (target itself for float32)
-    parts = ("held_out", "generated", "teacher") + (("open",) if opened else ())
+    parts = ("held_out", "generated", "teacher") + tuple(sets)
     for part in parts:
-        key_digest = {"generated": digest, "open": opened["digest"] if opened else ""}.get(part, "")
+        key_digest = sets[part]["digest"] if part in sets else (digest if part == "generated" else "")
         path = folder / f"{data_key(cfg, part, key_digest)}.safetensors"
         t0 = time.perf_counter()
         if reuse and path.exists():
@@ -474,9 +488,9 @@ def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_pat
                 n = cfg.max_prompts or len(ids["ids"])
                 seqs = features(fast, ids["ids"][:n], "generated", ids["prompt_lens"][:n],
                                 desc=f"{cfg.feature_dtype} features of the generated ids", layers=cfg.feature_layers)
-            elif part == "open":
-                seqs = features(fast, opened["ids"], "generated", opened["prompt_lens"],
-                                desc=f"{cfg.feature_dtype} features of the open conversations", layers=cfg.feature_layers)
+            elif part in sets:
+                seqs = features(fast, sets[part]["ids"], "generated", sets[part]["prompt_lens"],
+                                desc=f"{cfg.feature_dtype} features of the {part} conversations", layers=cfg.feature_layers)
             elif part == "held_out":
                 seqs = generate(target, tokenizer, held_out_set(cfg), cfg.new_tokens, 16, "held-out data",
                                 cfg.feature_layers)
@@ -490,17 +504,18 @@ def build_data(target, tokenizer, cfg, folder: Path, reuse: bool = True, ids_pat
     held_docs = [s.tokens.tolist() + [int(s.labels[-1])] for s in data["held_out"]]
     data["dropped"] = {}
     kinds = conversation_kinds(ids, cfg.seed)[:len(data["generated"])]  # the validation gap is per kind
-    if opened:
-        data["generated"] = data["generated"] + data.pop("open")
-        kinds = kinds + ["open"] * len(opened["ids"])
-        data["open_meta"] = opened["meta"]
+    for which, got in sets.items():
+        data["generated"] = data["generated"] + data.pop(which)
+        kinds = kinds + [which] * len(got["ids"])
+        data[f"{which}_meta"] = got["meta"]
     for part in ("generated", "teacher"):
         bad = set(shared_ngrams([s.tokens.tolist() for s in data[part]], held_docs, exclude,
                                 tokenizer.all_special_ids))
         data["dropped"][part] = len(bad)
-        if part == "generated" and opened:  # the open conversations' share, apart
-            data["dropped"]["generated"] = sum(kinds[i] != "open" for i in bad)
-            data["dropped"]["open"] = sum(kinds[i] == "open" for i in bad)
+        if part == "generated" and sets:  # the Magpie sets' shares, apart
+            data["dropped"]["generated"] = sum(kinds[i] not in sets for i in bad)
+            for which in sets:
+                data["dropped"][which] = sum(kinds[i] == which for i in bad)
         data[part] = [s for i, s in enumerate(data[part]) if i not in bad]
         if part == "generated":
             data["generated_kinds"] = [k for i, k in enumerate(kinds) if i not in bad]

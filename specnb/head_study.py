@@ -210,7 +210,7 @@ def validation_gap(target, tokenizer, head, card: dict) -> dict:
     share templates and subjects with training prompts. The held-out prompts are phrased and chosen
     apart from them. The gap between the two, per kind, separates generalising to new answers from
     generalising to new ways of asking. The split is rebuilt as ``train_on`` draws it: the committed ids
-    (template conversations, then open ones: :func:`specnb.head_data.training_conversations`), less those
+    (template conversations, then open and described ones: :func:`specnb.head_data.training_conversations`), less those
     sharing an 8-gram with the held-out data, then ``split_validation`` with the card's fraction and seed; only those conversations get float32 features (a minute, not the whole data).
     """
     from .head_data import _load_seqs, data_key, features, shared_ngrams, template_ngrams, training_conversations
@@ -218,7 +218,7 @@ def validation_gap(target, tokenizer, head, card: dict) -> dict:
     from .train_head import TrainConfig, generate, held_out_set, split_validation
 
     tc = card["config"]["train"]
-    cfg = TrainConfig(**{"open_conversations": 0,  # cards from before open conversations trained without them
+    cfg = TrainConfig(**{"open_conversations": 0, "described_conversations": 0,  # cards from before them lack them
                          **{k: tuple(v) if k == "feature_layers" else v for k, v in tc.items()
                             if k in TrainConfig.__dataclass_fields__}})
     ids = training_conversations(cfg)

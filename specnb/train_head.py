@@ -44,6 +44,7 @@ class TrainConfig:
     new_tokens: int = 192  # held-out continuation length (the committed ids were generated with the same)
     max_prompts: int = 0  # 0: every committed generated conversation; n: the first n
     open_conversations: int = 2400  # the first n committed open conversations (user turns the target wrote; 0: none)
+    described_conversations: int = 0  # the first n committed described ones (user turns begun with an opener; 0: none)
     teacher_chars: int = 4_000_000  # characters of teacher-forced text (reference pages, stdlib code and docstrings,
     #                                 and past 2.6M the torch and transformers docstrings); 6M before the open
     #                                 conversations, cut to keep `make draft` within 45 minutes with them
@@ -78,7 +79,7 @@ class TrainConfig:
     @classmethod
     def quick(cls, **overrides) -> "TrainConfig":
         """A run of a minute or two that exercises every stage (tests, CI): tiny data, few steps."""
-        small = dict(max_prompts=24, open_conversations=8, new_tokens=24, teacher_chars=6000, epochs=2.0, depth=2, eval_depth=3,
+        small = dict(max_prompts=24, open_conversations=8, described_conversations=8, new_tokens=24, teacher_chars=6000, epochs=2.0, depth=2, eval_depth=3,
                      max_held_out=6, draft_vocab=2048, val_every=5, val_fraction=0.2, batch_tokens=1024)
         return cls(**{**small, **overrides})
 
@@ -463,7 +464,7 @@ def train_on(target, data: dict, cfg: TrainConfig, progress: bool = True) -> tup
 
 def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path | None = None,
                 reuse_data: bool = True, progress: bool = True, ids_path: Path | None = None,
-                open_path: Path | None = None) -> tuple[DraftHead, dict]:
+                open_path: Path | None = None, described_path: Path | None = None) -> tuple[DraftHead, dict]:
     """Build the data, train a head, evaluate it on held-out prompts, save it with its card."""
     from .head_data import IDS_FILE
 
@@ -472,7 +473,7 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
 
     fp = target_fingerprint(target)
     data, seconds = build_data(target, tokenizer, cfg, head_dir() / "data" / fp, reuse_data, ids_path or IDS_FILE,
-                               open_path)
+                               open_path, described_path)
     head, log, sizes = train_on(target, data, cfg, progress)
     seconds["training"] = log["seconds"]
     t0 = time.perf_counter()
@@ -491,6 +492,7 @@ def train_draft(target, tokenizer, cfg: TrainConfig = TrainConfig(), out: Path |
                  "generated_new_tokens": sum(len(s.tokens) - s.prompt_len for s in gen),
                  "generated_ids": data["ids_meta"],
                  "open_conversations": data.get("open_meta"),
+                 "described_conversations": data.get("described_meta"),
                  "generated_by_kind": dict(sorted(collections.Counter(data["generated_kinds"]).items())),
                  "teacher_documents": len(data["teacher"]),
                  "teacher_tokens": sum(len(s.tokens) for s in data["teacher"]),

@@ -73,6 +73,28 @@ def test_sample_user_turns_keeps_finished_long_enough_distinct_turns():
         magpie.sample_user_turns(_Model(rows), _Tok(), 0)
 
 
+def test_openers_begin_each_batchs_turns_and_are_part_of_the_kept_text():
+    """Batch b's prompt is the header plus ``openers[b % len(openers)]``, and each kept turn starts with it.
+    Negative control: the model's rows without the opener (what a loop that forgot to prepend it keeps)
+    are not what comes back."""
+    class Recording(_Model):
+        def generate(self, x, **kw):
+            self.prompts = getattr(self, "prompts", []) + [x[0].tolist()]
+            return super().generate(x, **kw)
+
+    tok = _Tok()
+    rows = [_row(" the tides of a small bay."), _row(" a city at night, street by street."),
+            _row(" the first lighthouse was lit."), _row(" why owls hunt at dusk and not at noon.")]
+    model = Recording(rows)
+    turns, counts = magpie.sample_user_turns(model, tok, 4, batch=2, openers=("Describe", "Explain how"))
+    assert [tok.decode(p) for p in model.prompts] == ["[user]Describe", "[user]Explain how"]
+    assert turns == ["Describe the tides of a small bay.", "Describe a city at night, street by street.",
+                     "Explain how the first lighthouse was lit.", "Explain how why owls hunt at dusk and not at noon."]
+    assert turns != [tok.decode(r).strip() for r in rows]
+    with pytest.raises(ValueError, match="at least one opener"):
+        magpie.sample_user_turns(model, tok, 1, openers=())
+
+
 def _save(path, convs):
     hd.save_training_ids({"ids": convs, "prompt_lens": [2] * len(convs), "prompt_index": list(range(len(convs))),
                           "turn": [1] * len(convs), "meta": {"what": "test"}}, path)
@@ -94,16 +116,33 @@ def test_training_conversations_put_open_ones_after_the_template_ones(tmp_path):
         hd.training_conversations(cfg, open_path=open_path)
     with pytest.raises(FileNotFoundError, match="--regenerate-open"):
         hd.training_conversations(cfg, open_path=tmp_path / "none.npz")
+    # the described set comes after the open one, with its own kind, count and errors
+    cfg.open_conversations, cfg.described_conversations = 1, 2
+    described_path = _save(tmp_path / "described.npz", [[20, 21, 22], [23, 24], [25, 26, 27]])
+    conv = hd.training_conversations(cfg, open_path=open_path, described_path=described_path)
+    assert conv["ids"] == ids["ids"][:3] + [[5, 6, 7, 8], [20, 21, 22], [23, 24]]
+    assert conv["kinds"][3:] == ["open", "described", "described"]
+    cfg.described_conversations = 5
+    with pytest.raises(ValueError, match="holds 3: pass --described-conversations 3 or fewer"):
+        hd.training_conversations(cfg, open_path=open_path, described_path=described_path)
+    with pytest.raises(FileNotFoundError, match="--regenerate-described"):
+        hd.training_conversations(cfg, open_path=open_path, described_path=tmp_path / "none.npz")
+    with pytest.raises(ValueError, match="must be one of"):
+        hd.load_open_ids(cfg, open_path, "closed")
+    cfg.described_conversations = 0
     cfg.open_conversations = -1
     with pytest.raises(ValueError, match="0 or more"):
         hd.load_open_ids(cfg, open_path)
     # the open part's cache key names how many and which file
     key = hd.data_key(SimpleNamespace(open_conversations=2, feature_dtype="bfloat16"), "open", "abc")
     assert key == "open-open_conversations2-abc-bfloat16"
+    key = hd.data_key(SimpleNamespace(described_conversations=3, feature_dtype="bfloat16"), "described", "abc")
+    assert key == "described-described_conversations3-abc-bfloat16"
 
 
-def test_committed_open_conversations_are_chat_turns_answered_by_the_target(real):
-    """The committed open conversations: as many as the default recipe reads; each prompt is one user turn
+@pytest.mark.parametrize("which", ["open", "described"])
+def test_committed_open_conversations_are_chat_turns_answered_by_the_target(real, which):
+    """The committed open (and described) conversations: as many as the default recipe reads; each prompt is one user turn
     through the chat template; each answer is the target's greedy continuation. A float32 teacher-forced
     pass over the first 16 must choose the committed next token at almost every answer position (they were
     generated in bfloat16, whose labels matched float32's on 0.986 of positions; see the card). Negative
@@ -114,13 +153,16 @@ def test_committed_open_conversations_are_chat_turns_answered_by_the_target(real
     from specnb.train_head import TrainConfig
 
     tok = real.tokenizer
-    op = hd.load_training_ids(magpie.OPEN_IDS_FILE)
-    assert len(op["ids"]) >= TrainConfig().open_conversations > 0
+    op = hd.load_training_ids({"open": magpie.OPEN_IDS_FILE, "described": magpie.DESCRIBED_IDS_FILE}[which])
+    assert len(op["ids"]) >= max(getattr(TrainConfig(), f"{which}_conversations"), 1)
     header, close = magpie.user_header_ids(tok), chat_ids(tok, [{"role": "user", "content": "x"}])[-6:]
     for ids, n in zip(op["ids"], op["prompt_lens"]):
         assert ids[:len(header)] == header and ids[n - 6:n] == close
     texts = [tok.decode(ids[len(header):n - 6], skip_special_tokens=True) for ids, n in zip(op["ids"], op["prompt_lens"])]
     assert len(set(texts)) == len(texts), "open user turns repeat"
+    openers = op["meta"].get("openers", [""])
+    assert (which == "described") == any(openers)
+    assert all(any(t.startswith(o) for o in openers) for t in texts)
 
     def agreement(docs, lens):
         seqs = hd.features(real.model, docs, "generated", lens)

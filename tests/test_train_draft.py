@@ -31,11 +31,13 @@ def test_quick_training_run_end_to_end(tmp_path, monkeypatch, capsys):
     assert main(["train-draft", "--quick", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "features of the generated ids" in out and "features of the open conversations" in out and "training " in out
+    assert "features of the described conversations" in out
     card = json.loads((th.head_dir() / "draft_head.json").read_text())
     d = card["data"]
     dropped = d["dropped_for_shared_8_grams"]
-    assert card["steps"] > 0 and d["generated_sequences"] + dropped["generated"] + dropped["open"] == 24 + 8
+    assert card["steps"] > 0 and d["generated_sequences"] + dropped["generated"] + dropped["open"] + dropped["described"] == 24 + 8 + 8
     assert d["generated_by_kind"]["open"] == 8 - dropped["open"] and d["open_conversations"]["prompts"] >= 8
+    assert d["generated_by_kind"]["described"] == 8 - dropped["described"] and d["described_conversations"]["openers"]
     assert 0 < card["kept_step"] <= card["steps"] and card["validation_curve"], "early stopping never validated"
     assert d["validation_sequences"] > 0 and d["training_tokens"] < d["generated_tokens"] + d["teacher_tokens"]
     assert len(card["held_out"]["agree"]) == th.TrainConfig.quick().eval_depth
@@ -105,9 +107,9 @@ def test_held_out_prompts_share_no_8_gram_with_training_data():
     for text in corpus.teacher_text(th.TrainConfig().teacher_chars):
         train |= _ngrams(tok(text)["input_ids"])
     ids = hd.load_training_ids()
-    from specnb.magpie import OPEN_IDS_FILE
-    for seq in ids["ids"] + hd.load_training_ids(OPEN_IDS_FILE)["ids"]:   # the open conversations too
-        train |= _ngrams(seq)
+    from specnb.magpie import DESCRIBED_IDS_FILE, OPEN_IDS_FILE
+    for seq in ids["ids"] + hd.load_training_ids(OPEN_IDS_FILE)["ids"] + hd.load_training_ids(DESCRIBED_IDS_FILE)["ids"]:
+        train |= _ngrams(seq)   # the open and described conversations too
     skip = set(tok.all_special_ids)
     train = {g for g in train - hd.template_ngrams(tok) if skip.isdisjoint(g)}
     shared = {p.text[:40]: len(_ngrams(tok(p.text)["input_ids"]) & train) for p in corpus.held_out_prompts()}
@@ -243,7 +245,7 @@ def test_committed_head_card():
 
     study = card["recipe_levers"]
     assert [r["name"] for r in study["rows"]] == ["committed recipe", *RECIPE_LEVERS], study["rows"]
-    data_keys = ("max_prompts", "open_conversations", "teacher_chars", "feature_dtype")
+    data_keys = ("max_prompts", "open_conversations", "described_conversations", "teacher_chars", "feature_dtype")
     assert {k: v for k, v in study["base"].items() if k not in data_keys} == \
         {k: v for k, v in {**json.loads(json.dumps(th.asdict(th.TrainConfig()))), **card["config"]["train"]}.items()
          if k not in data_keys}
