@@ -370,6 +370,15 @@ def _head_study(args) -> int:
                   f"({r['validation']['conversations']} conversations) | held-out a_1 {_num(r['held_out']['a1'])} "
                   f"a_2|1 {_num(r['held_out']['a2_given_1'])}")
         print(f"-> {head_study.write_into_card(Path(args.into) if args.into else th.head_dir(), 'validation_gap', gap)}")
+    if args.data_mix:
+        study = head_study.data_mix(json.loads((Path(args.into or th.head_dir()) / "draft_head.json").read_text()),
+                                    json.loads(Path(args.data_mix).read_text()))
+        for r in study["rows"]:
+            mix = ", ".join(f"{k} {r['data'][k]:,}" for k in study["differs"])
+            print(f"  {r['name']:9s} {mix}: "
+                  f"a_1 {r['a1']:.3f} a_2|1 {_num(r['a2_given_1'])} prose {_num(r['by_kind']['prose']['a1'])} "
+                  f"code {_num(r['by_kind']['code']['a1'])}; make draft {r['make_draft_seconds']:.0f} s")
+        print(f"-> {head_study.write_into_card(Path(args.into) if args.into else th.head_dir(), 'data_mix', study)}")
     if args.carry_studies:
         keys = head_study.carry_recipe_studies(Path(args.into) if args.into else th.head_dir(), Path(args.carry_studies))
         print(f"copied {', '.join(keys)} from {args.carry_studies}")
@@ -540,6 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--levers", nargs="+", help="only these levers (names in specnb.head_study.LEVERS)")
     p.add_argument("--fraction", type=float, default=0.25, help="share of the training data for the ablation")
     p.add_argument("--learning-curve", action="store_true", help="the default recipe at several data sizes")
+    p.add_argument("--data-mix", metavar="CARD",
+                   help="the head of CARD (same recipe, other data: open or described conversations, teacher text) "
+                        "beside the --into head on the same held-out prompts; recorded in the --into card")
     p.add_argument("--carry-studies", metavar="CARD",
                    help="copy the ablation, fused-layer and recipe-lever studies (each on data of its own) from CARD")
     p.add_argument("--feature-precision", action="store_true",

@@ -360,7 +360,7 @@ def teacher_text(max_chars: int, seed: int = 0) -> list[str]:
     random.Random(seed + 1).shuffle(more_code)
     docs_prose = _docstring_documents(seed)
     sources = [prose, code, docs_prose, more_code]
-    if max_chars > _STDLIB_ONLY_CHARS:  # larger corpora also read the pinned packages' docstrings
+    if max_chars > STDLIB_ONLY_CHARS:  # larger corpora also read the pinned packages' docstrings
         sources.append(_package_docstring_documents(seed))
     docs: list[str] = []
     total = 0
@@ -381,7 +381,7 @@ def _is_test(path: Path) -> bool:
                for p in parts)
 
 
-_STDLIB_ONLY_CHARS = 2_600_000  # up to this many characters (the heads before package docstrings): stdlib only
+STDLIB_ONLY_CHARS = 2_600_000  # up to this many characters (the heads before package docstrings): stdlib only
 
 
 def _docstring_documents(seed: int, per_doc: int = 4000) -> list[str]:

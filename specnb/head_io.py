@@ -70,7 +70,7 @@ def find_head() -> Path:
             return folder
     raise HeadUnavailableError(
         f"no trained draft head found in {head_dir()} or {packaged_dir()}: run `make draft` "
-        "(or `specnb train-draft`) to train one (39 minutes on 2 cores of an Intel Xeon, about an hour on an "
+        "(or `specnb train-draft`) to train one (45 minutes on 2 cores of an Intel Xeon, about an hour on an "
         "AMD EPYC Zen 4)")
 
 

@@ -267,7 +267,40 @@ def write_into_card(folder: Path, key: str, value: dict) -> Path:
     return path
 
 
-CARRIED_STUDIES = ("ablation", "fused_layers", "recipe_levers", "feature_precision")  # each records its recipe and data
+CARRIED_STUDIES = ("ablation", "fused_layers", "recipe_levers", "feature_precision", "data_mix")  # each records its recipe and data
+
+DATA_MIX_KEYS = ("max_prompts", "open_conversations", "described_conversations", "teacher_chars")  # what data, not how
+
+
+def _mix_row(card: dict, name: str) -> dict:
+    """One head, trained by ``train-draft`` on all its data, as a row of :func:`data_mix`."""
+    tc = card["config"]["train"]
+    row = _result(name, "a head trained by `specnb train-draft` on all of its data", card["held_out"],
+                  card["held_out_by_kind"], card["data"], card["config"]["head"]["draft_vocab"], card["kept_step"],
+                  card["steps"], card["validation_curve"], card["seconds"]["training"])
+    row["data"] = {k: tc.get(k, 0) for k in DATA_MIX_KEYS}
+    row["positions"] = card["held_out"].get("positions")   # the held-out positions scored (the same set for both)
+    row["make_draft_seconds"] = round(sum(card["seconds"].values()), 1)   # every stage, features included
+    row["generated_by_kind"] = card["data"].get("generated_by_kind")
+    row["created"], row["machine"] = card["created"], card["machine"]
+    return row
+
+
+def data_mix(committed: dict, other: dict) -> dict:
+    """Two heads trained on all of their data with the same recipe and different data mixes (the TrainConfig
+    fields of :data:`DATA_MIX_KEYS`), side by side on the same held-out prompts: rows ``committed`` and
+    ``other``, and the fields that differ. A clear error when anything but the data differs."""
+    a, b = committed["config"]["train"], other["config"]["train"]
+    how = sorted(k for k in set(a) | set(b) if k not in DATA_MIX_KEYS and a.get(k) != b.get(k))
+    if how:
+        raise ValueError(f"the two heads differ in how they were trained ({', '.join(how)}), not only in their "
+                         "data: a data-mix study compares data mixes under one recipe")
+    differs = [k for k in DATA_MIX_KEYS if a.get(k, 0) != b.get(k, 0)]
+    if not differs:
+        raise ValueError("the two heads were trained on the same data mix: nothing to compare")
+    if committed["target_fingerprint"] != other["target_fingerprint"]:
+        raise ValueError("the two heads were trained for different targets")
+    return {"differs": differs, "rows": [_mix_row(committed, "committed"), _mix_row(other, "other")]}
 
 
 def carry_recipe_studies(folder: Path, source: Path) -> list[str]:

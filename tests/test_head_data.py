@@ -94,3 +94,36 @@ def test_carried_studies_are_copied_with_their_source_and_nothing_else(tmp_path)
         head_study.carry_recipe_studies(tmp_path / "new", empty)
     with pytest.raises(FileNotFoundError, match="no head card at"):
         head_study.carry_recipe_studies(tmp_path, src)
+
+
+def _card(train: dict, a1: float, prose: float, seconds: dict) -> dict:
+    held = {"agree": [a1, 0.3], "conditional": [a1, 0.4], "chain": [a1, 0.1]}
+    kinds = {"prose": {"agree": [prose], "conditional": [prose, 0.5]}}
+    return {"config": {"train": train, "head": {"draft_vocab": 8192}}, "held_out": held, "held_out_by_kind": kinds,
+            "data": {"training_tokens": 10, "vocab_coverage_held_out": 0.9, "generated_by_kind": {"prose": 3}},
+            "kept_step": 5, "steps": 6, "validation_curve": [{"a1": 0.4}], "seconds": seconds,
+            "created": "then", "machine": {"cpu": "x"}, "target_fingerprint": "f"}
+
+
+def test_data_mix_puts_two_heads_side_by_side_and_refuses_other_recipes():
+    """`specnb head-study --data-mix CARD`: two heads of one recipe and different data, each row from its own
+    card (a_1, prose, make draft's whole time); a pair that differs in how it trained, or not in its data,
+    is an error, not a comparison."""
+    from specnb import head_study
+
+    base = {"lr": 3e-3, "open_conversations": 2400, "teacher_chars": 4_000_000}
+    other = {**base, "described_conversations": 2000, "teacher_chars": 2_600_000}
+    a = _card(base, 0.43, 0.36, {"training": 100.0, "teacher": 20.0})
+    b = _card(other, 0.44, 0.40, {"training": 120.0, "described": 30.0})
+    study = head_study.data_mix(a, b)
+    assert study["differs"] == ["described_conversations", "teacher_chars"]
+    c, o = study["rows"]
+    assert (c["a1"], c["by_kind"]["prose"]["a1"], c["make_draft_seconds"]) == (0.43, 0.36, 120.0)
+    assert (o["a1"], o["by_kind"]["prose"]["a1"], o["make_draft_seconds"]) == (0.44, 0.40, 150.0)
+    assert c["data"]["described_conversations"] == 0 and o["data"]["described_conversations"] == 2000
+    with pytest.raises(ValueError, match=r"differ in how they were trained \(lr\)"):
+        head_study.data_mix(a, _card({**other, "lr": 1e-3}, 0.4, 0.4, {"training": 1.0}))
+    with pytest.raises(ValueError, match="same data mix"):
+        head_study.data_mix(a, a)
+    with pytest.raises(ValueError, match="different targets"):
+        head_study.data_mix(a, {**b, "target_fingerprint": "g"})
