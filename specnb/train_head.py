@@ -429,12 +429,16 @@ STUDY_KEYS = ("ablation", "learning_curve", "fused_layers", "recipe_levers", "fe
 
 def carry_studies(card: dict, ref: dict, source: str) -> list[str]:
     """Copy the recipe studies of ``ref`` (the packaged head's card) into ``card`` when both heads were
-    trained with the same recipe (``config.train`` equal); ``card["studies_from"]`` then names ``source``,
+    trained with the same recipe (``config.train`` equal, a field newer than ``ref``'s card counted at its
+    default, as :func:`specnb.head_study.learning_curve` counts it); ``card["studies_from"]`` then names ``source``,
     ``ref``'s date and machine. Returns the keys copied (none when the recipes differ)."""
     def plain(x):
         return json.loads(json.dumps(x))
 
-    if plain(ref.get("config", {}).get("train")) != plain(card["config"]["train"]):
+    ref_train = plain(ref.get("config", {}).get("train"))
+    if isinstance(ref_train, dict):   # fields newer than ref's card: at their defaults, which keep the old behaviour
+        ref_train = {**{k: v for k, v in plain(asdict(TrainConfig())).items() if k not in ref_train}, **ref_train}
+    if ref_train != plain(card["config"]["train"]):
         return []
     keys = [k for k in STUDY_KEYS if k in ref]
     for k in keys:

@@ -446,9 +446,17 @@ def test_a_retrained_head_inherits_the_recipe_studies_only_for_the_same_recipe()
 
     ref = json.loads((th.packaged_dir() / "draft_head.json").read_text())
     # `make draft` trains TrainConfig(): the packaged head's recipe, so its card inherits the studies
-    assert json.loads(json.dumps(th.asdict(th.TrainConfig()))) == ref["config"]["train"]
+    # (fields added to TrainConfig after that head was trained are absent from its card, at their defaults)
+    defaults = json.loads(json.dumps(th.asdict(th.TrainConfig())))
+    assert {k: v for k, v in defaults.items() if k in ref["config"]["train"]} == ref["config"]["train"]
     fresh = {k: copy.deepcopy(v) for k, v in ref.items() if k not in th.STUDY_KEYS}
     fresh["created"] = "later"
+    fresh["config"]["train"] = defaults   # what `make draft` writes: every field of TrainConfig()
+    newer = sorted(set(defaults) - set(ref["config"]["train"]))
+    for k in newer:   # a field newer than the packaged card, set off its default: another recipe, nothing carried
+        changed = {k: copy.deepcopy(v) for k, v in fresh.items()}
+        changed["config"] = {**fresh["config"], "train": {**defaults, k: 1 if defaults[k] == 0 else None}}
+        assert th.carry_studies(changed, ref, "x") == [], k
     assert th.carry_studies(fresh, ref, "specnb/data/draft_head.json") == list(th.STUDY_KEYS)
     assert all(fresh[k] == ref[k] for k in th.STUDY_KEYS)
     assert fresh["studies_from"] == {"card": "specnb/data/draft_head.json", "created": ref["created"],
