@@ -206,7 +206,7 @@ def _train_draft(args) -> int:
                                        openers=magpie.OPENERS if which == "described" else ("",))
         out_arg = getattr(args, f"{which}_ids_out")
         path = head_data.save_training_ids(ids, Path(out_arg) if out_arg else
-                                           {"open": magpie.OPEN_IDS_FILE, "described": magpie.DESCRIBED_IDS_FILE}[which])
+                                           magpie.IDS_FILES[which])
         m = ids["meta"]
         print(f"regenerated {len(ids['ids'])} {which} conversations ({m['new_token_count']} new tokens; user turns "
               f"{m['seconds_user_turns']:.0f} s, {m['draws']}) in {m['dtype']}, batch {m['batch']}: "

@@ -409,18 +409,18 @@ def conversation_kinds(ids: dict, seed: int) -> list[str]:
     return [kinds_of_prompt[i] for i in ids["prompt_index"]]
 
 
-OPEN_SETS = ("open", "described")  # the Magpie sets (specnb.magpie), in the order build_data appends them
+OPEN_SETS = ("open", "described")  # the Magpie sets (specnb.magpie.IDS_FILES), in the order build_data appends them
 
 
 def load_open_ids(cfg, path: Path | None = None, which: str = "open") -> dict:
     """The first ``cfg.open_conversations`` committed open conversations (:mod:`specnb.magpie`), or with
     ``which="described"`` the first ``cfg.described_conversations`` described ones, as
     :func:`load_training_ids` returns them, plus ``digest``; a clear error when the file holds fewer."""
-    from .magpie import DESCRIBED_IDS_FILE, OPEN_IDS_FILE
+    from .magpie import IDS_FILES
 
     if which not in OPEN_SETS:
         raise ValueError(f"which must be one of {OPEN_SETS}, got {which!r}")
-    path = Path(path or {"open": OPEN_IDS_FILE, "described": DESCRIBED_IDS_FILE}[which])
+    path = Path(path or IDS_FILES[which])
     n = getattr(cfg, f"{which}_conversations", 0)
     if n < 0:
         raise ValueError(f"{which}_conversations must be 0 or more, got {n}")

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 OPEN_IDS_FILE = Path(__file__).parent / "data" / "draft_open_ids.npz"
 DESCRIBED_IDS_FILE = Path(__file__).parent / "data" / "draft_described_ids.npz"
+IDS_FILES = {"open": OPEN_IDS_FILE, "described": DESCRIBED_IDS_FILE}  # each Magpie set's committed ids, in training order
 OPENERS = ("Describe", "Explain how", "Tell me about", "What is", "How does", "Why do", "Write a paragraph about",
            "What was", "Can you describe", "Can you explain why", "Give an overview of", "What happens when",
            "Write a short story about", "How did", "What are", "Imagine")

@@ -153,7 +153,7 @@ def test_committed_open_conversations_are_chat_turns_answered_by_the_target(real
     from specnb.train_head import TrainConfig
 
     tok = real.tokenizer
-    op = hd.load_training_ids({"open": magpie.OPEN_IDS_FILE, "described": magpie.DESCRIBED_IDS_FILE}[which])
+    op = hd.load_training_ids(magpie.IDS_FILES[which])
     assert len(op["ids"]) >= max(getattr(TrainConfig(), f"{which}_conversations"), 1)
     header, close = magpie.user_header_ids(tok), chat_ids(tok, [{"role": "user", "content": "x"}])[-6:]
     for ids, n in zip(op["ids"], op["prompt_lens"]):
