@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from .head_data import FLOAT32_PRECISION, for_layers
-from .train_head import TrainConfig, evaluate_by_kind, train_on, validation_gap_rows
+from .train_head import TrainConfig, evaluate_by_kind, recorded_recipe, train_on, validation_gap_rows
 
 # The ablation's base: the recipe before the study (soft labels, one pass, learning rate 1e-3). The
 # committed head's recipe (``TrainConfig()``) is this base plus the levers the study's combined row
@@ -158,8 +158,8 @@ def learning_curve(target, data: dict, cfg: TrainConfig, fractions=(0.125, 0.25,
     for f in fractions:
         if f == 1.0 and full is not None:
             want = json.loads(json.dumps({**asdict(cfg), "train_fraction": 1.0}))  # tuples as the card's lists
-            defaults = json.loads(json.dumps(asdict(TrainConfig())))  # fields newer than the card: at defaults
-            if any(full["config"]["train"].get(k, defaults[k]) != v for k, v in want.items()):
+            recorded = recorded_recipe(full["config"]["train"])  # fields newer than the card: at defaults
+            if any(recorded[k] != v for k, v in want.items()):
                 raise ValueError("the card's head was trained with another recipe than this learning curve's")
             rows.append(_result("1", "all the training documents (the committed head itself)", full["held_out"],
                                 full["held_out_by_kind"], full["data"], full["config"]["head"]["draft_vocab"],

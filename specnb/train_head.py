@@ -427,6 +427,12 @@ def validation_gap_rows(head: DraftHead, validation: list[Sequence], kinds: list
 STUDY_KEYS = ("ablation", "learning_curve", "fused_layers", "recipe_levers", "feature_precision")
 
 
+def recorded_recipe(train: dict) -> dict:
+    """A card's ``config.train`` as JSON, with each field newer than the card at its default (which keeps
+    the behaviour the field did not yet change: 0 described conversations, for one)."""
+    return {**json.loads(json.dumps(asdict(TrainConfig()))), **json.loads(json.dumps(train))}
+
+
 def carry_studies(card: dict, ref: dict, source: str) -> list[str]:
     """Copy the recipe studies of ``ref`` (the packaged head's card) into ``card`` when both heads were
     trained with the same recipe (``config.train`` equal, a field newer than ``ref``'s card counted at its
@@ -435,10 +441,8 @@ def carry_studies(card: dict, ref: dict, source: str) -> list[str]:
     def plain(x):
         return json.loads(json.dumps(x))
 
-    ref_train = plain(ref.get("config", {}).get("train"))
-    if isinstance(ref_train, dict):   # fields newer than ref's card: at their defaults, which keep the old behaviour
-        ref_train = {**{k: v for k, v in plain(asdict(TrainConfig())).items() if k not in ref_train}, **ref_train}
-    if ref_train != plain(card["config"]["train"]):
+    ref_train = ref.get("config", {}).get("train")
+    if not isinstance(ref_train, dict) or recorded_recipe(ref_train) != plain(card["config"]["train"]):
         return []
     keys = [k for k in STUDY_KEYS if k in ref]
     for k in keys:
