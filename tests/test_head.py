@@ -470,3 +470,35 @@ def test_a_retrained_head_inherits_the_recipe_studies_only_for_the_same_recipe()
     del other["validation_gap"]
     with pytest.raises(th.HeadUnavailableError, match="--validation-gap"):
         head_study.require_studies(other)
+
+
+def test_linear_cross_entropy_matches_the_plain_form_in_loss_gradient_and_argmax():
+    """LinearCrossEntropy (the training loss, logits in row blocks, gradient formed in forward) gives the
+    loss, the gradient with respect to its input and the argmax of the plain form (logits, cross_entropy,
+    autograd): exactly up to rounding in float32, to bfloat16's precision under autocast; rows marked -100
+    get no gradient. A block size that does not divide N exercises the last, short block."""
+    torch.manual_seed(0)
+    N, H, V = 203, 32, 300
+    W = torch.randn(V, H) * 0.3
+    y = torch.randint(0, V, (N,))
+    y[::5] = -100
+    for autocast, tol in ((False, 1e-6), (True, 2e-2)):
+        x = torch.randn(N, H, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            plain = torch.nn.functional.cross_entropy((x @ W.T).float(), y, ignore_index=-100)
+        plain.backward()
+        g_plain, x.grad = x.grad.clone(), None
+        dtype = torch.bfloat16 if autocast else torch.float32
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            fused, top = th.LinearCrossEntropy.apply(x, W, y, dtype, True, 64)
+        fused.backward()
+        assert abs(float(fused) - float(plain)) <= tol * float(plain)
+        assert float((x.grad - g_plain).abs().max()) <= tol * float(g_plain.abs().max())
+        assert x.grad.dtype == torch.float32 and not x.grad[y < 0].any()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            assert (top == (x @ W.T).argmax(-1)).float().mean() >= (0.99 if autocast else 1.0)
+    # negative control: a gradient that forgets the one-hot term is caught by the same comparison
+    x = torch.randn(N, H, requires_grad=True)
+    torch.nn.functional.cross_entropy(x @ W.T, y, ignore_index=-100).backward()
+    wrong = (torch.softmax(x @ W.T, -1) * (y >= 0)[:, None] / (y >= 0).sum()) @ W
+    assert float((wrong - x.grad).abs().max()) > 1e-6 * float(x.grad.abs().max()) * 100
