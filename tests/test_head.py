@@ -154,6 +154,27 @@ def test_wrong_training_mask_is_caught(target, tiny_data, trained, monkeypatch):
     assert not torch.allclose(got[1], chain[1][9], rtol=1e-4, atol=1e-4)
 
 
+def test_batched_evaluation_counts_what_one_window_at_a_time_counts(target, tiny_data, trained):
+    """evaluate() pads windows of different lengths on the right and runs them together: every count
+    equals the one-window-at-a-time count, for the trained head and a random one (whose argmax
+    flips on small changes)."""
+    seqs = tiny_data[:16]
+    assert len({len(s.tokens) for s in seqs}) > 3  # groups mix lengths, so padding is exercised
+    for head in (trained[0], random_head(target)):
+        one = th.evaluate(head, seqs, 3, batch=1)
+        assert one["positions"] > 300 and 0 < one["agree"][0] < 1
+        for batch in (5, 16):
+            assert th.evaluate(head, seqs, 3, batch=batch) == one
+
+
+def test_padding_seen_by_evaluation_is_caught(target, tiny_data, monkeypatch):
+    """Negative control: masks that let a position see later ones (so the padding too) make the batched
+    counts differ from one window at a time, in the very comparison the test above makes."""
+    monkeypatch.setattr(th, "chain_mask", lambda T, d: torch.ones(1, 1, T, (d + 1) * T, dtype=torch.bool))
+    head, seqs = random_head(target), tiny_data[:16]
+    assert th.evaluate(head, seqs, 3, batch=16) != th.evaluate(head, seqs, 3, batch=1)
+
+
 def _first_tokens(target, head, draft_q, runs, params, ids):
     from specnb.sampling import draft_distributions
 
