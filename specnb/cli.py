@@ -159,7 +159,7 @@ def _plot(args) -> int:
 _TRAIN_FLAGS = ("epochs", "depth", "depth_decay", "draft_vocab", "reg_weight", "ce_weight", "noise", "lr",
                 "weight_decay", "seed", "max_prompts", "new_tokens", "teacher_chars", "train_fraction",
                 "soft_labels", "input_norms", "batch_tokens", "patience", "val_every", "bf16", "feature_layers",
-                "feature_dtype", "open_conversations", "described_conversations")
+                "feature_dtype", "open_conversations", "described_conversations", "batch_by")
 
 
 def _train_draft(args) -> int:
@@ -523,6 +523,10 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(f"--{key.replace('_', '-')}", type=lambda v: v.lower() in ("1", "true", "yes"))
         elif kind is tuple:
             p.add_argument(f"--{key.replace('_', '-')}", type=int, nargs="*")
+        elif key == "batch_by":
+            p.add_argument("--batch-by", choices=("windows", "tokens"),
+                           help="windows: batch_tokens // seq_len random windows a step; tokens: windows of similar "
+                                "length filling batch_tokens positions (less padding, fewer steps)")
         else:
             p.add_argument(f"--{key.replace('_', '-')}", type=kind)
     p.set_defaults(func=_train_draft)
