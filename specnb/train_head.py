@@ -407,9 +407,9 @@ def evaluate(head: DraftHead, seqs: list[Sequence], depth: int, seq_len: int = 5
     hits = np.zeros(depth)
     chains = np.zeros(depth)
     total = 0
-    # (sequence, window start, window end, first scored index, end of scored indices)
+    # (sequence index, window start, window end, first scored index, end of scored indices)
     jobs = []
-    for s in seqs:
+    for i, s in enumerate(seqs):
         T = len(s.tokens)
         for a in range(0, T, seq_len):
             b = min(a + seq_len, T)
@@ -419,18 +419,14 @@ def evaluate(head: DraftHead, seqs: list[Sequence], depth: int, seq_len: int = 5
             start = max(s.prompt_len - 1 - a, 0) if generated_only else 0  # chains that lie inside the continuation
             last = n - depth  # labels at i + d + 1 <= b - a - 1
             if last > start:
-                jobs.append((s, a, b, start, last))
+                jobs.append((i, a, b, start, last))
     jobs.sort(key=lambda j: j[2] - j[1])
     for g in range(0, len(jobs), batch):
         group = jobs[g:g + batch]
-        L = max(b - a for _, a, b, _, _ in group)
-        feats = torch.zeros(len(group), L, group[0][0].features.shape[1])
-        tokens = torch.zeros(len(group), L, dtype=torch.long)
-        for r, (s, a, b, _, _) in enumerate(group):
-            feats[r, :b - a] = s.features[a:b].float()
-            tokens[r, :b - a] = s.tokens[a:b]
+        feats, tokens, _, _ = _batch(seqs, [j[:3] for j in group], max(b - a for _, a, b, _, _ in group))
         preds = chained_forward(head, feats, tokens, depth)
-        for r, (s, a, b, start, last) in enumerate(group):
+        for r, (i, a, b, start, last) in enumerate(group):
+            s = seqs[i]
             ok_chain = torch.ones(last - start, dtype=torch.bool)
             for d in range(depth):
                 guess = head.vocab_ids[head.logits(preds[d][r, start:last]).argmax(-1)]
