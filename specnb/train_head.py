@@ -260,17 +260,25 @@ def _batch(seqs: list[Sequence], windows, pad_to: int):
     return feats, tokens, labels, valid
 
 
+PAD_MULTIPLE = 32  # training batches are padded to a multiple of this: a few shapes, whose oneDNN primitives stay cached
+
+
+def padded_length(n: int) -> int:
+    """``n`` rounded up to :data:`PAD_MULTIPLE` (a batch's length once padded)."""
+    return -(-int(n) // PAD_MULTIPLE) * PAD_MULTIPLE
+
+
 def token_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: int, rng: np.random.Generator,
-                  chunk_batches: int = 8, multiple: int = 32) -> list[np.ndarray]:
+                  chunk_batches: int = 8) -> list[np.ndarray]:
     """Cut one epoch's shuffled window ``order`` into batches of about ``batch_tokens`` padded positions.
 
     Each chunk of about ``chunk_batches`` batches' worth of windows is sorted by length, longest first,
-    and cut so that a batch's windows, padded to its longest (rounded up to ``multiple``), fill at most
+    and cut so that a batch's windows, padded to its longest (:func:`padded_length`), fill at most
     ``batch_tokens`` positions; the batches are shuffled. A window keeps its place in the epoch to within
-    one chunk. Against ``batch_tokens // seq_len`` random windows a step (the default, ``batch_by="windows"``),
-    a step computes about as many positions but few of them padding: on chapter 7's data 28% of the
-    positions a windows step computed were padding. The round-up keeps the shapes few, so oneDNN's
-    primitives stay cached (padded to the exact length, the varied shapes cost more than the padding saved).
+    one chunk. On chapter 7's data: 1,425 steps an epoch with 12% padding, against 1,603 steps with 28%
+    for ``batch_tokens // seq_len`` random windows a step (the default, ``batch_by="windows"``). At full
+    scale on the Intel Xeon, training took 1,197 s against 1,542 s but held-out a_1 fell from 0.458 to
+    0.427, so it is not the default.
     """
     out: list[np.ndarray] = []
     c = 0
@@ -282,8 +290,7 @@ def token_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: int, rng
         chunk = order[c:e][np.argsort(-lengths[order[c:e]], kind="stable")]
         cut, i = [], 0
         while i < len(chunk):
-            pad = -(-int(lengths[chunk[i]]) // multiple) * multiple
-            n = max(1, batch_tokens // pad)
+            n = max(1, batch_tokens // padded_length(lengths[chunk[i]]))
             cut.append(chunk[i:i + n])
             i += n
         out += [cut[j] for j in rng.permutation(len(cut))]
@@ -347,8 +354,7 @@ def train(head: DraftHead, seqs: list[Sequence], cfg: TrainConfig, vocab_size: i
     stopped = None
     for step in bar:
         pick = [windows[j] for j in batches[step]]
-        # padded to a multiple of 32: a few shapes, whose oneDNN primitives stay cached
-        feats, tokens, labels, valid = _batch(seqs, pick, -(-max(b - a for _, a, b in pick) // 32) * 32)
+        feats, tokens, labels, valid = _batch(seqs, pick, padded_length(max(b - a for _, a, b in pick)))
         log_now = step % 10 == 0 or step == steps - 1
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             preds = chained_forward(head, feats, tokens, cfg.depth, noise=cfg.noise)
